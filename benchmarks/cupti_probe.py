@@ -1,0 +1,252 @@
+"""Diagnostic for gpuworkbench.trace.cupti on a CUDA machine with CuPy and cupti-python.
+
+Runs spin kernels of known length, pinned and pageable H2D copies, a D2H, a D2D and a memset on two non-blocking
+streams, tags each with an external id, polls ``flush()`` from a background thread without synchronizing, then
+prints every record and checks durations, overlap, pinned flags and id joins. Usage: python benchmarks/cupti_probe.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+import gpuworkbench.trace.cupti as cupti_mod
+from gpuworkbench.trace.cupti import CuptiSource, CuptiUnavailable
+
+SPIN_SRC = r"""
+extern "C" __global__ void spin_ns(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+extern "C" __global__ void empty_kernel() {}
+"""
+MIB = 1 << 20
+
+
+class Poller(threading.Thread):
+    """Calls ``flush()`` every few ms; keeps the records and the time each flush took."""
+
+    def __init__(self, src: CuptiSource, period_s: float) -> None:
+        super().__init__(daemon=True)
+        self.src, self.period_s = src, period_s
+        self.stop_event = threading.Event()
+        self.records: list[dict[str, Any]] = []
+        self.flushes: list[tuple[float, int]] = []  # (seconds, records returned)
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            t0 = time.perf_counter()
+            recs = self.src.flush()
+            self.flushes.append((time.perf_counter() - t0, len(recs)))
+            self.records.extend(recs)
+            time.sleep(self.period_s)
+
+
+def overlap_us(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Overlap of two records in µs (negative: the gap between them)."""
+    return (min(a["end_ns"], b["end_ns"]) - max(a["start_ns"], b["start_ns"])) / 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spin-us", type=float, default=80.0)
+    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--poll-ms", type=float, default=3.0)
+    ap.add_argument("--launches", type=int, default=2000, help="empty kernels for the launch-overhead figure")
+    ap.add_argument("--extra-kinds", default="", help="comma-separated extra ActivityKind names (diagnostic)")
+    ap.add_argument("--quiet", action="store_true", help="summary only, no record table")
+    args = ap.parse_args()
+
+    ok, why = CuptiSource.available()
+    print(f"available: {ok} ({why})")
+    if args.extra_kinds:
+        cupti_mod._EXTRA_KINDS = tuple(k.strip() for k in args.extra_kinds.split(",") if k.strip())
+        print(f"extra kinds: {cupti_mod._EXTRA_KINDS}")
+
+    import cupy as cp
+
+    dev = cp.cuda.Device(0)
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, CuPy {cp.__version__}, "
+          f"driver {cp.cuda.runtime.driverGetVersion()}, runtime {cp.cuda.runtime.runtimeGetVersion()}")
+    mod = cp.RawModule(code=SPIN_SRC)
+    spin, empty = mod.get_function("spin_ns"), mod.get_function("empty_kernel")
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    n = args.mib * MIB
+    h2d_kind, d2h_kind, d2d_kind = (cp.cuda.runtime.memcpyHostToDevice, cp.cuda.runtime.memcpyDeviceToHost,
+                                    cp.cuda.runtime.memcpyDeviceToDevice)
+    pin_a, pin_b, pin_c = (cp.cuda.alloc_pinned_memory(n) for _ in range(3))
+    pageable = np.ones(n, dtype=np.uint8)
+    d_a, d_b, d_c, d_d = (cp.empty(n, dtype=cp.uint8) for _ in range(4))
+    spin_ns = int(args.spin_us * 1000)
+
+    # Warm-up (before tracing): compile, first launches, first copies.
+    with s1:
+        spin((1,), (1,), (np.uint64(1000),))
+        empty((1,), (1,), ())
+    cp.cuda.runtime.memcpyAsync(d_a.data.ptr, pin_a.ptr, n, h2d_kind, s1.ptr)
+    dev.synchronize()
+
+    def launch_cost_us(tag: bool) -> float:
+        t0 = time.perf_counter_ns()
+        with s1:
+            for i in range(args.launches):
+                if tag:
+                    src.push_external_id(1_000_000 + i)
+                empty((1,), (1,), ())
+                if tag:
+                    src.pop_external_id()
+        t = (time.perf_counter_ns() - t0) / args.launches / 1e3
+        s1.synchronize()
+        return t
+
+    src = CuptiSource()
+    base_launch = launch_cost_us(False)
+
+    try:
+        src.start()
+    except CuptiUnavailable as exc:
+        print(f"CuptiUnavailable: {exc}")
+        return 1
+    try:
+        CuptiSource().start()
+        print("second start: NOT refused (unexpected)")
+    except CuptiUnavailable as exc:
+        print(f"second start refused as designed: {exc}")
+
+    poller = Poller(src, args.poll_ms / 1e3)
+    poller.start()
+    host_t0 = time.perf_counter_ns()
+
+    expected: dict[int, str] = {}
+
+    def tagged(ext_id: int, what: str, fn: Any) -> None:
+        expected[ext_id] = what
+        src.push_external_id(ext_id)
+        try:
+            fn()
+        finally:
+            src.pop_external_id()
+
+    def spin_on(stream: Any, ns: int) -> Any:
+        def go() -> None:
+            with stream:
+                spin((1,), (1,), (np.uint64(ns),))
+        return go
+
+    tagged(1, f"spin {spin_ns / 1e3:.0f}us s1", spin_on(s1, spin_ns))
+    tagged(2, f"spin {spin_ns / 1e3:.0f}us s2", spin_on(s2, spin_ns))
+    tagged(3, "pinned H2D s1", lambda: cp.cuda.runtime.memcpyAsync(d_a.data.ptr, pin_a.ptr, n, h2d_kind, s1.ptr))
+    tagged(4, "pinned H2D s2", lambda: cp.cuda.runtime.memcpyAsync(d_b.data.ptr, pin_b.ptr, n, h2d_kind, s2.ptr))
+    tagged(5, "pinned D2H s1", lambda: cp.cuda.runtime.memcpyAsync(pin_c.ptr, d_a.data.ptr, n, d2h_kind, s1.ptr))
+    tagged(6, "memset s2", lambda: cp.cuda.runtime.memsetAsync(d_b.data.ptr, 7, n, s2.ptr))
+    tagged(7, "pageable H2D s1",
+           lambda: cp.cuda.runtime.memcpyAsync(d_c.data.ptr, pageable.ctypes.data, n, h2d_kind, s1.ptr))
+    tagged(8, "D2D s2", lambda: cp.cuda.runtime.memcpyAsync(d_d.data.ptr, d_b.data.ptr, n, d2d_kind, s2.ptr))
+    spin_reqs = {1: spin_ns, 2: spin_ns}
+    for ext_id, us in ((10, 20), (11, 80), (12, 200), (13, 1000)):
+        tagged(ext_id, f"spin {us}us s1", spin_on(s1, us * 1000))
+        spin_reqs[ext_id] = us * 1000
+    enqueue_done = time.perf_counter_ns()
+
+    time.sleep(0.05)  # no synchronization: the poller should already see records
+    seen_before_sync = len(poller.records)
+    seen_ids_before_sync = {r["external_id"] for r in poller.records}
+
+    tagged_launch = launch_cost_us(True)
+    traced_launch = launch_cost_us(False)
+
+    dev.synchronize()
+    time.sleep(0.02)
+    poller.stop_event.set()
+    poller.join()
+    records = poller.records
+    t0 = time.perf_counter_ns()
+    more = src.flush()
+    one_flush_us = (time.perf_counter_ns() - t0) / 1e3
+    records += more
+    src.stop()
+    src.stop()  # idempotent
+    records += src.flush()
+    after_stop = src.flush()
+
+    clocks = [src.clock_sample() for _ in range(200)]
+    errs = sorted(c[2] for c in clocks)
+    offsets = [c[0] - c[1] for c in clocks]
+    print(f"\nclock_sample error_ns: min {errs[0]}, median {errs[len(errs) // 2]}, max {errs[-1]}; "
+          f"cupti-host offset spread over 200 samples: {max(offsets) - min(offsets)} ns")
+    c, _, _ = src.clock_sample()
+    print(f"cupti clock minus time.time_ns(): {(c - time.time_ns()) / 1e6:.3f} ms; "
+          f"minus time.monotonic_ns(): {(c - time.monotonic_ns()) / 1e9:.3f} s")
+
+    flush_times = sorted(f[0] * 1e6 for f in poller.flushes)
+    busiest = max(poller.flushes, key=lambda f: f[1])
+    print(f"poller: {len(poller.flushes)} flushes every {args.poll_ms} ms, flush time median "
+          f"{statistics.median(flush_times):.1f} us, max {flush_times[-1]:.1f} us; busiest flush returned "
+          f"{busiest[1]} records in {busiest[0] * 1e6:.1f} us")
+    print(f"final flush in main thread (after sync): {len(more)} records in {one_flush_us:.1f} us; after stop: "
+          f"{len(after_stop)} records; incomplete dropped {src.incomplete_records}; callback errors "
+          f"{src.callback_errors} {src.last_callback_error}")
+    print(f"launch cost per empty kernel: untraced {base_launch:.2f} us, traced {traced_launch:.2f} us, "
+          f"traced + push/pop {tagged_launch:.2f} us")
+    print(f"records seen by the poller before any synchronize: {seen_before_sync} "
+          f"(tagged ops enqueued {(enqueue_done - host_t0) / 1e6:.2f} ms after start; ids seen: "
+          f"{sorted(i for i in seen_ids_before_sync if 0 <= i < 100)})")
+
+    kinds: dict[str, int] = {}
+    for r in records:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    print(f"total records: {len(records)} by kind {kinds}")
+
+    main_recs = sorted((r for r in records if r["external_id"] in expected), key=lambda r: r["start_ns"])
+    untagged = [r for r in records if r["external_id"] == -1]
+    by_id: dict[int, list[dict[str, Any]]] = {}
+    for r in main_recs:
+        by_id.setdefault(r["external_id"], []).append(r)
+    t_base = min(r["start_ns"] for r in main_recs) if main_recs else 0
+    if not args.quiet:
+        print(f"\n{'ext':>4} {'what':<18} {'kind':<7} {'dev':>3} {'strm':>4} {'start_us':>10} {'dur_us':>10} "
+              f"{'bytes':>10} {'GB/s':>7} {'pin':>3} name")
+        for r in main_recs:
+            dur = (r["end_ns"] - r["start_ns"]) / 1e3
+            gbs = f"{r['bytes'] / (dur * 1e3):.1f}" if r["bytes"] and dur > 0 else ""
+            print(f"{r['external_id']:>4} {expected[r['external_id']]:<18} {r['kind']:<7} {r['device']:>3} "
+                  f"{r['cupti_stream']:>4} {(r['start_ns'] - t_base) / 1e3:>10.2f} {dur:>10.3f} {r['bytes']:>10} "
+                  f"{gbs:>7} {r['pinned']:>3} {r['name']}")
+    tagged_launch_recs = sum(1 for r in records if r["external_id"] >= 1_000_000)
+    print(f"\nlaunch-loop records: {tagged_launch_recs} tagged (of {args.launches}), untagged records: "
+          f"{len(untagged)} (expected {2 * args.launches}: two untagged launch loops)")
+    missing = sorted(set(expected) - set(by_id))
+    print(f"external ids joined: {len(by_id)}/{len(expected)}; missing: {missing}")
+
+    print("\nchecks:")
+    for ext_id, req in spin_reqs.items():
+        for r in by_id.get(ext_id, []):
+            dur = r["end_ns"] - r["start_ns"]
+            print(f"  spin ext {ext_id}: requested {req / 1e3:.1f} us, measured {dur / 1e3:.3f} us, "
+                  f"diff {(dur - req) / 1e3:+.3f} us -> within 2 us: {abs(dur - req) <= 2000}")
+    if by_id.get(1) and by_id.get(2):
+        ov = overlap_us(by_id[1][0], by_id[2][0])
+        print(f"  spin kernels on s1/s2 overlap by {ov:.2f} us -> overlap: {ov > 0}; streams "
+              f"{by_id[1][0]['cupti_stream']} vs {by_id[2][0]['cupti_stream']}")
+    if by_id.get(3) and by_id.get(4):
+        a, b = by_id[3][0], by_id[4][0]
+        ov = overlap_us(a, b)
+        print(f"  pinned H2D s1/s2: overlap {ov:.2f} us -> do NOT overlap: {ov <= 0}; "
+              f"durations {(a['end_ns'] - a['start_ns']) / 1e3:.1f} / {(b['end_ns'] - b['start_ns']) / 1e3:.1f} us")
+    pins = {i: [r["pinned"] for r in by_id.get(i, [])] for i in (3, 4, 5, 7, 8, 6)}
+    print(f"  pinned flags: H2D pinned {pins[3]}/{pins[4]} (expect 1), D2H pinned {pins[5]} (expect 1), "
+          f"H2D pageable {pins[7]} (expect 0), D2D {pins[8]} (expect -1), memset {pins[6]} (expect -1)")
+    kinds_ok = {i: [r["kind"] for r in by_id.get(i, [])] for i in (3, 5, 6, 7, 8)}
+    print(f"  kinds: {kinds_ok}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

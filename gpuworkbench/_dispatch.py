@@ -1,0 +1,60 @@
+"""The one place an op is enqueued: call the backend, track the completion on its stream, hand it to active traces."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from .trace import recorder
+
+if TYPE_CHECKING:
+    from .streams import Stream
+
+
+def enqueue(
+    stream: "Stream",
+    kind: str,
+    nbytes: int,
+    name: str,
+    pinned: int,
+    call: Callable[[bool], Any],
+    keep: Any = None,
+) -> Any:
+    """Run ``call(timed)`` (which enqueues one backend op) and return its completion.
+
+    ``keep`` (a host array, say) is held alive by the stream until the op is done. When no trace is recording this
+    costs one list check; when one is, the op is timed by the device (or by CUPTI) and recorded without any sync.
+    """
+    traces = recorder.ACTIVE
+    if not traces:
+        completion = call(False)
+        stream._track(completion, keep)
+        return completion
+    enqueue_ns = time.perf_counter_ns()
+    device = stream.device
+    numbered = [(t, t.device_number(device)) for t in list(traces)]
+    timed = any(not t.uses_cupti(n) for t, n in numbered)
+    ids = [t.op_begin(n) for t, n in numbered]
+    try:
+        completion = call(timed)
+    except BaseException:
+        for (t, n), op_id in zip(numbered, ids):
+            t.op_abort(op_id, n)
+        raise
+    stream._track(completion, keep)
+    for (t, n), op_id in zip(numbered, ids):
+        t.op_end(op_id, n, stream.id, kind, nbytes, name, pinned, enqueue_ns, completion)
+    return completion
+
+
+def host_event(device: Any, kind: str, nbytes: int, name: str, start_ns: int) -> None:
+    """Record an allocation or free (host-side, already finished) and a memory sample in every active trace."""
+    traces = recorder.ACTIVE
+    if not traces:
+        return
+    end_ns = time.perf_counter_ns()
+    used = device._used_bytes_for_trace()
+    for t in list(traces):
+        n = t.device_number(device)
+        t.host_event(n, kind, nbytes, name, start_ns, end_ns)
+        t.memory_sample(n, device.held_bytes, used)

@@ -1,0 +1,202 @@
+"""The small protocol every backend implements: probe devices, open one, and enqueue work on its streams.
+
+A backend knows nothing of tracing or pictures. Every enqueue returns a ``Completion`` that can be polled without
+blocking; when asked (``timed=True``) it also yields the op's start and end on the device's own clock.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What a backend can do; the front end raises a clear error (or emulates, saying so) where it cannot."""
+
+    concurrent_streams: bool  # independent streams really run at the same time
+    pinned_memory: bool  # page-locked host arrays exist and make async copies truly asynchronous
+    memory_free_known: bool  # memory_info()'s free figure is the device's own (else: total minus our allocations)
+    graphs: str  # "native" (captured by the driver), "recorded" (replayed by us), or "none"
+    timestamps: str  # where span times come from: "events", "profiling", "perf_counter"
+    kernel_language: str  # what Device.compile takes: "cuda", "opencl" or "python"
+    device_pointers: bool  # buffers expose __cuda_array_interface__
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device as a backend reports it."""
+
+    backend: str
+    index: int
+    name: str
+    is_gpu: bool
+    total_memory: int
+    detail: str = ""
+
+
+class BufferArg(NamedTuple):
+    """A device buffer passed to a kernel: the backend's handle with its element type and length."""
+
+    handle: Any
+    dtype: np.dtype
+    length: int
+
+
+class ClockSample(NamedTuple):
+    """One reading of the device clock and the host clock (``time.perf_counter_ns``) at the same moment."""
+
+    device_ns: int
+    host_ns: int
+    error_ns: int
+
+
+class Completion(Protocol):
+    """The handle of one enqueued op."""
+
+    def done(self) -> bool:
+        """True once the op has finished; never blocks."""
+        ...
+
+    def wait(self) -> None:
+        """Block the calling thread until the op has finished."""
+        ...
+
+    def times_ns(self) -> tuple[int, int] | None:
+        """Start and end on the device clock once done (None when the op was not timed)."""
+        ...
+
+
+class DoneCompletion:
+    """A completion for work that finished on the host before the call returned (zero-byte copies)."""
+
+    def __init__(self, t_ns: int | None = None) -> None:
+        self._t = t_ns
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+    def times_ns(self) -> tuple[int, int] | None:
+        return None if self._t is None else (self._t, self._t)
+
+
+class PinnedArray(np.ndarray):
+    """A NumPy array over page-locked host memory; ``_pinned_owner`` keeps the backend's allocation alive."""
+
+    _pinned_owner: Any = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._pinned_owner = getattr(obj, "_pinned_owner", None)
+
+
+def wrap_pinned(raw: np.ndarray, owner: Any) -> PinnedArray:
+    """View ``raw`` as a PinnedArray holding ``owner`` (the allocation) alive for as long as any view lives."""
+    arr = raw.view(PinnedArray)
+    arr._pinned_owner = owner
+    return arr
+
+
+class BackendDevice(ABC):
+    """One opened device. Streams are opaque objects created here; buffers are opaque handles."""
+
+    info: DeviceInfo
+    caps: Caps
+
+    @abstractmethod
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes; where ``caps.memory_free_known`` is False the caller estimates free itself."""
+
+    @abstractmethod
+    def alloc(self, nbytes: int) -> Any:
+        """Allocate ``nbytes`` of device memory; raise OutOfMemory when it does not fit."""
+
+    @abstractmethod
+    def free(self, handle: Any) -> None:
+        """Release an allocation; the caller has waited for every op that used it."""
+
+    @abstractmethod
+    def empty_pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A host array in page-locked memory (or an ordinary array where the backend has none)."""
+
+    @abstractmethod
+    def is_pinned(self, array: np.ndarray) -> bool:
+        """True when ``array`` lives in page-locked memory this device can copy from asynchronously."""
+
+    @abstractmethod
+    def create_stream(self) -> Any:
+        """A new stream that never blocks on other streams."""
+
+    @abstractmethod
+    def destroy_stream(self, stream: Any) -> None:
+        """Release a stream after its work is done."""
+
+    @abstractmethod
+    def copy_h2d(self, dst: Any, offset: int, src: np.ndarray, stream: Any, timed: bool) -> Completion:
+        """Enqueue host → device; ``src`` is C-contiguous and must stay alive until done."""
+
+    @abstractmethod
+    def copy_d2h(self, dst: np.ndarray, src: Any, offset: int, stream: Any, timed: bool) -> Completion:
+        """Enqueue device → host into the C-contiguous ``dst``."""
+
+    @abstractmethod
+    def copy_d2d(
+        self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int, stream: Any, timed: bool
+    ) -> Completion:
+        """Enqueue a device → device copy of ``nbytes``."""
+
+    @abstractmethod
+    def fill(self, dst: Any, nbytes: int, byte: int, stream: Any, timed: bool) -> Completion:
+        """Enqueue a memset of the first ``nbytes`` of ``dst`` to ``byte``."""
+
+    @abstractmethod
+    def record(self, stream: Any) -> Completion:
+        """Enqueue a marker that completes when everything before it on ``stream`` has."""
+
+    @abstractmethod
+    def wait_event(self, stream: Any, completion: Completion) -> None:
+        """Make ``stream`` wait (on the device, not the host) until ``completion`` is done."""
+
+    @abstractmethod
+    def synchronize_stream(self, stream: Any) -> None:
+        """Block the host until ``stream`` is empty."""
+
+    @abstractmethod
+    def compile(self, source: Any, name: str, options: Sequence[str]) -> Any:
+        """Build kernel ``name`` from ``source``; raise CompileError with the compiler's log."""
+
+    @abstractmethod
+    def launch(
+        self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: Any, timed: bool
+    ) -> Completion:
+        """Enqueue a kernel; ``args`` holds BufferArg and NumPy scalars."""
+
+    @abstractmethod
+    def clock_sample(self) -> ClockSample:
+        """Read the device clock against the host clock; used once per trace to align them."""
+
+    def close(self) -> None:
+        """Release the device's own resources (streams and buffers are released by the front end first)."""
+
+
+class Backend(ABC):
+    """A registered backend: finds its devices and opens them."""
+
+    name: str
+
+    @abstractmethod
+    def available(self) -> tuple[bool, str]:
+        """(True, "") when the backend's library imports and a driver answers; else (False, why)."""
+
+    @abstractmethod
+    def devices(self) -> list[DeviceInfo]:
+        """Every device this backend can open, in index order."""
+
+    @abstractmethod
+    def open(self, index: int) -> BackendDevice:
+        """Open device ``index``."""

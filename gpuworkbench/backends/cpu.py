@@ -1,0 +1,243 @@
+"""The CPU backend: NumPy memory, one worker thread per stream, so independent streams really run at once.
+
+Always available. Memory is bounded by a budget (default half of RAM, ``GPUWB_CPU_MEMORY`` in bytes overrides) so
+that running out of memory behaves as on a GPU. NumPy releases the GIL in copies and most ufuncs, which is what lets
+two streams' work overlap.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import CompileError, InvalidArgument, OutOfMemory
+from .base import Backend, BackendDevice, BufferArg, Caps, ClockSample, DeviceInfo
+
+CAPS = Caps(
+    concurrent_streams=True,
+    pinned_memory=False,
+    memory_free_known=True,
+    graphs="recorded",
+    timestamps="perf_counter",
+    kernel_language="python",
+    device_pointers=False,
+)
+
+
+def _ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def default_budget() -> int:
+    """The CPU backend's memory budget: ``GPUWB_CPU_MEMORY`` bytes, else half of physical RAM."""
+    env = os.environ.get("GPUWB_CPU_MEMORY")
+    return int(float(env)) if env else _ram_bytes() // 2
+
+
+class _Op:
+    """One queued piece of work and its completion; the worker stamps start and end with perf_counter_ns."""
+
+    __slots__ = ("fn", "start", "end", "error", "_event")
+
+    def __init__(self, fn: Callable[[], None] | None) -> None:
+        self.fn = fn
+        self.start = self.end = 0
+        self.error: BaseException | None = None
+        self._event = threading.Event()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self) -> None:
+        self._event.wait()
+
+    def times_ns(self) -> tuple[int, int] | None:
+        return (self.start, self.end) if self._event.is_set() else None
+
+
+class _Worker:
+    """A stream: a FIFO of ops run by one thread."""
+
+    def __init__(self, name: str) -> None:
+        self.queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.last: _Op | None = None
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            op = self.queue.get()
+            if op is None:
+                return
+            op.start = time.perf_counter_ns()
+            try:
+                if op.fn is not None:
+                    op.fn()
+            except BaseException as exc:  # noqa: BLE001 - a failing kernel must not kill the stream
+                op.error = exc
+            op.end = time.perf_counter_ns()
+            op._event.set()
+
+    def submit(self, fn: Callable[[], None] | None) -> _Op:
+        op = _Op(fn)
+        self.last = op
+        self.queue.put(op)
+        return op
+
+
+class _PythonKernel:
+    """A CPU kernel: a Python callable taking NumPy arrays (and ``grid``/``block`` if it names them)."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        self.fn, self.name = fn, name
+        params = inspect.signature(fn).parameters
+        self.wants_grid = "grid" in params
+        self.wants_block = "block" in params
+
+
+class CpuDevice(BackendDevice):
+    """The host's cores behind the backend protocol."""
+
+    def __init__(self, index: int, budget: int | None = None) -> None:
+        self.budget = default_budget() if budget is None else int(budget)
+        self.info = DeviceInfo("cpu", index, _cpu_name(), False, self.budget, f"{os.cpu_count()} cores")
+        self.caps = CAPS
+        self._held = 0
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def memory_info(self) -> tuple[int, int]:
+        return self.budget - self._held, self.budget
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            if self._held + nbytes > self.budget:
+                raise OutOfMemory(nbytes, self.budget - self._held, self.budget, "cpu:0 (budget)")
+            self._held += nbytes
+        try:
+            return np.empty(nbytes, dtype=np.uint8)
+        except MemoryError:
+            with self._lock:
+                self._held -= nbytes
+            raise OutOfMemory(nbytes, self.budget - self._held, self.budget, "cpu:0 (host RAM)") from None
+
+    def free(self, handle: np.ndarray) -> None:
+        with self._lock:
+            self._held -= handle.nbytes
+
+    def empty_pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
+
+    def is_pinned(self, array: np.ndarray) -> bool:
+        return False
+
+    def create_stream(self) -> _Worker:
+        with self._lock:
+            self._count += 1
+            return _Worker(f"gpuworkbench-cpu-stream-{self._count}")
+
+    def destroy_stream(self, stream: _Worker) -> None:
+        stream.queue.put(None)
+
+    def copy_h2d(self, dst: np.ndarray, offset: int, src: np.ndarray, stream: _Worker, timed: bool) -> _Op:
+        flat = src.reshape(-1).view(np.uint8)
+        target = dst[offset : offset + flat.nbytes]
+        return stream.submit(lambda: np.copyto(target, flat))
+
+    def copy_d2h(self, dst: np.ndarray, src: np.ndarray, offset: int, stream: _Worker, timed: bool) -> _Op:
+        flat = dst.reshape(-1).view(np.uint8)
+        source = src[offset : offset + flat.nbytes]
+        return stream.submit(lambda: np.copyto(flat, source))
+
+    def copy_d2d(
+        self, dst: np.ndarray, dst_offset: int, src: np.ndarray, src_offset: int, nbytes: int, stream: _Worker, timed
+    ) -> _Op:
+        target, source = dst[dst_offset : dst_offset + nbytes], src[src_offset : src_offset + nbytes]
+        return stream.submit(lambda: np.copyto(target, source))
+
+    def fill(self, dst: np.ndarray, nbytes: int, byte: int, stream: _Worker, timed: bool) -> _Op:
+        target = dst[:nbytes]
+        return stream.submit(lambda: target.fill(byte))
+
+    def record(self, stream: _Worker) -> _Op:
+        return stream.submit(None)
+
+    def wait_event(self, stream: _Worker, completion: Any) -> None:
+        stream.submit(completion.wait)
+
+    def synchronize_stream(self, stream: _Worker) -> None:
+        stream.submit(None).wait()
+
+    def compile(self, source: Any, name: str, options: Sequence[str]) -> _PythonKernel:
+        if callable(source):
+            return _PythonKernel(source, name)
+        if not isinstance(source, str):
+            raise InvalidArgument(f"the CPU backend compiles a Python callable or Python source, not {type(source)}")
+        namespace: dict[str, Any] = {"np": np, "numpy": np}
+        try:
+            exec(compile(source, f"<kernel {name}>", "exec"), namespace)  # noqa: S102 - user's own kernel source
+        except SyntaxError as exc:
+            raise CompileError(name, f"line {exc.lineno}: {exc.msg}", source) from None
+        if not callable(namespace.get(name)):
+            raise CompileError(name, f"the source defines no function named {name!r}", source)
+        return _PythonKernel(namespace[name], name)
+
+    def launch(
+        self,
+        kernel: _PythonKernel,
+        grid: tuple[int, ...],
+        block: tuple[int, ...],
+        args: Sequence[Any],
+        stream: _Worker,
+        timed: bool,
+    ) -> _Op:
+        values = [a.handle[: a.length * a.dtype.itemsize].view(a.dtype) if isinstance(a, BufferArg) else a for a in args]
+        extra: dict[str, Any] = {}
+        if kernel.wants_grid:
+            extra["grid"] = grid
+        if kernel.wants_block:
+            extra["block"] = block
+        return stream.submit(lambda: kernel.fn(*values, **extra))
+
+    def clock_sample(self) -> ClockSample:
+        now = time.perf_counter_ns()
+        return ClockSample(now, now, 0)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "CPU"
+
+
+class CpuBackend(Backend):
+    """NumPy + worker threads; one device."""
+
+    name = "cpu"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def devices(self) -> list[DeviceInfo]:
+        return [DeviceInfo("cpu", 0, _cpu_name(), False, default_budget(), f"{os.cpu_count()} cores")]
+
+    def open(self, index: int) -> CpuDevice:
+        if index != 0:
+            raise InvalidArgument(f"the CPU backend has one device (index 0), not index {index}")
+        return CpuDevice(index)

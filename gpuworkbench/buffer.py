@@ -1,0 +1,254 @@
+"""Buffer: a typed array in device memory, with blocking and stream-ordered copies."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .backends.base import BufferArg
+from .errors import BufferClosed, InvalidArgument, _fmt_bytes
+from .streams import Event, Stream
+
+if TYPE_CHECKING:
+    from .device import Device
+
+
+class Buffer:
+    """``n`` elements of one dtype on one device. Free it with ``free()`` or a ``with`` block (or let GC do it)."""
+
+    def __init__(self, device: "Device", n: int, dtype: np.dtype, handle: Any) -> None:
+        self.device, self._len, self.dtype, self._handle = device, n, dtype, handle
+        self._inflight: list[Any] = []  # completions of ops that touch this buffer
+        self._freed = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def allocate(cls, device: "Device", n: int, dtype: Any = "float32") -> "Buffer":
+        """Allocate ``n`` elements of ``dtype`` on ``device`` (uninitialised). Raises OutOfMemory when it won't fit."""
+        from .device import _dtype
+
+        device._check_open()
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise InvalidArgument(f"buffer length must be a non-negative int, got {n!r}")
+        dt = _dtype(dtype)
+        nbytes = int(n) * dt.itemsize
+        start = time.perf_counter_ns()
+        handle = device._backend.alloc(nbytes)
+        buf = cls(device, int(n), dt, handle)
+        device._register_alloc(buf, nbytes, start)
+        return buf
+
+    # ------------------------------------------------------------------ facts
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def len(self) -> int:
+        return self._len
+
+    @property
+    def size_bytes(self) -> int:
+        return self._len * self.dtype.itemsize
+
+    @property
+    def closed(self) -> bool:
+        return self._freed
+
+    def _check(self) -> Any:
+        if self._freed:
+            raise BufferClosed(f"{self._describe()} was freed; allocate a new buffer")
+        if self.device.closed:
+            raise BufferClosed(f"{self._describe()} belongs to closed device {self.device.spec}")
+        return self._handle
+
+    def _describe(self) -> str:
+        return f"buffer of {self._len} {self.dtype} on {self.device.spec}"
+
+    def _arg(self) -> BufferArg:
+        return BufferArg(self._check(), self.dtype, self._len)
+
+    def _touch(self, completion: Any) -> None:
+        with self._lock:
+            self._inflight = [c for c in self._inflight if not c.done()]
+            self._inflight.append(completion)
+
+    def _order_after_inflight(self, stream: Stream) -> None:
+        """Make ``stream`` wait (device-side) for every unfinished op on this buffer from other streams."""
+        with self._lock:
+            pending = [c for c in self._inflight if not c.done()]
+        for c in pending:
+            self.device._backend.wait_event(stream._raw, c)
+
+    # ------------------------------------------------------------------ checks
+    def _check_host(self, host: Any, *, writable: bool, asynchronous: bool) -> np.ndarray:
+        if not isinstance(host, np.ndarray):
+            raise InvalidArgument(f"host data must be a NumPy array, not {type(host).__name__}")
+        if host.dtype != self.dtype:
+            raise InvalidArgument(
+                f"{self._describe()} holds {self.dtype}, host array is {host.dtype}; convert with .astype({self.dtype})"
+            )
+        if host.size != self._len:
+            raise InvalidArgument(f"{self._describe()} holds {self._len} {self.dtype}, host array has {host.size}")
+        if writable and not host.flags.writeable:
+            raise InvalidArgument("the destination host array is read-only")
+        if not host.flags.c_contiguous:
+            if asynchronous or writable:
+                raise InvalidArgument(
+                    "async copies and copies into a host array need a C-contiguous array; use np.ascontiguousarray"
+                )
+            host = np.ascontiguousarray(host)
+        return host
+
+    def _stream(self, stream: Stream | None) -> Stream:
+        if stream is None:
+            return self.device.default_stream
+        if not isinstance(stream, Stream):
+            raise InvalidArgument(f"stream must be a gpuworkbench Stream, not {type(stream).__name__}")
+        if stream.device is not self.device:
+            raise InvalidArgument(f"stream {stream.label!r} is on {stream.device.spec}, buffer on {self.device.spec}")
+        return stream
+
+    def _pinned_flag(self, host: np.ndarray) -> int:
+        if not self.device.caps.pinned_memory:
+            return -1
+        return int(self.device._backend.is_pinned(host))
+
+    # ------------------------------------------------------------------ copies
+    def copy_from_host_async(self, host: np.ndarray, stream: Stream) -> Event:
+        """Enqueue host → device on ``stream``; ``host`` is kept alive until done. Returns at once for pinned
+        memory; pageable memory is staged by the backend and the call returns once it is staged."""
+        handle = self._check()
+        host = self._check_host(host, writable=False, asynchronous=True)
+        stream = self._stream(stream)
+        backend = self.device._backend
+        event = stream._enqueue(
+            "h2d",
+            self.size_bytes,
+            f"h2d {_fmt_bytes(self.size_bytes)}",
+            self._pinned_flag(host),
+            lambda timed: backend.copy_h2d(handle, 0, host, stream._raw, timed),
+            keep=host,
+        )
+        self._touch(event._completion)
+        return event
+
+    def copy_to_host_async(self, host: np.ndarray, stream: Stream) -> Event:
+        """Enqueue device → host into ``host`` on ``stream``; read ``host`` only after the Event is done."""
+        handle = self._check()
+        host = self._check_host(host, writable=True, asynchronous=True)
+        stream = self._stream(stream)
+        backend = self.device._backend
+        event = stream._enqueue(
+            "d2h",
+            self.size_bytes,
+            f"d2h {_fmt_bytes(self.size_bytes)}",
+            self._pinned_flag(host),
+            lambda timed: backend.copy_d2h(host, handle, 0, stream._raw, timed),
+            keep=host,
+        )
+        self._touch(event._completion)
+        return event
+
+    def copy_from_host(self, host: np.ndarray) -> None:
+        """Copy ``host`` into the buffer. Blocks until done (after the buffer's earlier ops on any stream)."""
+        self._check()
+        host = self._check_host(host, writable=False, asynchronous=False)
+        stream = self.device.default_stream
+        self._order_after_inflight(stream)
+        self.copy_from_host_async(host, stream).wait()
+
+    def copy_to_host(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Return the buffer's contents as a new (or the given) host array. Blocks until done."""
+        self._check()
+        host = np.empty(self._len, dtype=self.dtype) if out is None else out
+        host = self._check_host(host, writable=True, asynchronous=False)
+        stream = self.device.default_stream
+        self._order_after_inflight(stream)
+        self.copy_to_host_async(host, stream).wait()
+        return host
+
+    def copy_from(self, other: "Buffer", stream: Stream | None = None) -> Event:
+        """Device → device copy of ``other`` into this buffer, enqueued on ``stream`` (default stream if None);
+        returns an Event. Non-blocking."""
+        dst, src = self._check(), other._check()
+        if other.device is not self.device:
+            raise InvalidArgument(f"copy_from needs both buffers on one device ({other.device.spec} → {self.device.spec})")
+        if other.size_bytes != self.size_bytes:
+            raise InvalidArgument(f"{self._describe()} cannot take {other._describe()}: sizes differ")
+        s = self._stream(stream)
+        if stream is None:
+            self._order_after_inflight(s)
+            other._order_after_inflight(s)
+        backend, nbytes = self.device._backend, self.size_bytes
+        event = s._enqueue(
+            "d2d",
+            nbytes,
+            f"d2d {_fmt_bytes(nbytes)}",
+            -1,
+            lambda timed: backend.copy_d2d(dst, 0, src, 0, nbytes, s._raw, timed),
+        )
+        self._touch(event._completion)
+        other._touch(event._completion)
+        return event
+
+    def fill_bytes(self, byte: int = 0, stream: Stream | None = None) -> Event:
+        """Set every byte to ``byte`` (a memset) on ``stream``. Non-blocking."""
+        handle = self._check()
+        if not isinstance(byte, (int, np.integer)) or not 0 <= byte <= 255:
+            raise InvalidArgument(f"fill_bytes takes a byte value 0..255, got {byte!r}")
+        s = self._stream(stream)
+        backend, nbytes = self.device._backend, self.size_bytes
+        event = s._enqueue(
+            "memset", nbytes, f"memset {_fmt_bytes(nbytes)}", -1, lambda timed: backend.fill(handle, nbytes, byte, s._raw, timed)
+        )
+        self._touch(event._completion)
+        return event
+
+    # ------------------------------------------------------------------ lifetime
+    def free(self) -> None:
+        """Release the memory after every op that uses it has finished (blocks for those ops only). Idempotent."""
+        if self._freed or self.device.closed:
+            return
+        with self._lock:
+            pending, self._inflight = self._inflight, []
+        for c in pending:
+            c.wait()
+        start = time.perf_counter_ns()
+        self.device._backend.free(self._handle)
+        self._freed, self._handle = True, None
+        self.device._register_free(self.size_bytes, start)
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+    def __del__(self) -> None:
+        try:
+            if not getattr(self, "_freed", True):
+                self.free()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            pass
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """Zero-copy view for CuPy, PyTorch and Numba (CUDA and ROCm buffers only)."""
+        handle = self._check()
+        if not self.device.caps.device_pointers:
+            raise AttributeError(f"{self.device.backend_kind.value} buffers have no device pointer")
+        return {
+            "shape": (self._len,),
+            "typestr": self.dtype.str,
+            "data": (int(self.device._backend.device_pointer(handle)), False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else _fmt_bytes(self.size_bytes)
+        return f"<Buffer {self._len} × {self.dtype} on {self.device.spec} ({state})>"

@@ -1,0 +1,273 @@
+"""Device: one accelerator (or the CPU) behind one API, chosen automatically or by name."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from . import _dispatch, backends
+from .backends.base import BackendDevice, Caps, DeviceInfo
+from .errors import BackendUnavailable, InvalidArgument
+from .streams import Stream, StreamAssignment, StreamPool, StreamSet
+
+if TYPE_CHECKING:
+    from .buffer import Buffer
+    from .kernels import Kernel
+
+
+class BackendKind(str, Enum):
+    """The backends gpuworkbench can drive."""
+
+    CUDA = "cuda"
+    ROCM = "rocm"
+    OPENCL = "opencl"
+    WEBGPU = "webgpu"
+    CPU = "cpu"
+
+
+def parse_spec(spec: str) -> tuple[str, int]:
+    """'opencl:1' → ('opencl', 1); 'cuda' → ('cuda', 0)."""
+    name, _, index = spec.strip().partition(":")
+    try:
+        return backends.canonical(name), int(index) if index else 0
+    except ValueError:
+        raise InvalidArgument(f"device spec {spec!r} is not BACKEND[:INDEX], e.g. 'opencl:0'") from None
+
+
+def _auto_spec() -> tuple[str, int]:
+    """The first GPU of cuda → rocm → opencl → webgpu, else the CPU. GPUWB_DEVICE overrides."""
+    env = os.environ.get("GPUWB_DEVICE")
+    if env:
+        return parse_spec(env)
+    for name in backends.PROBE_ORDER[:-1]:
+        backend, _ = backends.usable(name)
+        if backend is None:
+            continue
+        for info in backend.devices():
+            if info.is_gpu:
+                return name, info.index
+    return "cpu", 0
+
+
+class Device:
+    """One device. ``Device()`` picks the best one; ``Device(0, backend="opencl")`` or ``Device("opencl:0")`` names it.
+
+    Devices are shared: asking twice for the same backend and index returns the same object.
+    """
+
+    _open: dict[tuple[str, int], "Device"] = {}
+    _open_lock = threading.Lock()
+
+    def __new__(cls, index: int | str | None = None, backend: str | BackendKind | None = None) -> "Device":
+        if isinstance(index, str):
+            if backend is not None:
+                raise InvalidArgument("give either a spec string like 'opencl:0' or index + backend, not both")
+            name, idx = parse_spec(index)
+        elif backend is None:
+            name, idx = _auto_spec() if index is None else (_auto_spec()[0], index)
+        else:
+            name = backends.canonical(backend.value if isinstance(backend, BackendKind) else str(backend))
+            idx = 0 if index is None else index
+        if not isinstance(idx, (int, np.integer)) or idx < 0:
+            raise InvalidArgument(f"device index must be a non-negative int, not {idx!r}")
+        key = (name, int(idx))
+        with cls._open_lock:
+            existing = cls._open.get(key)
+            if existing is not None and not existing.closed:
+                return existing
+            self = super().__new__(cls)
+            self._init(name, int(idx))
+            cls._open[key] = self
+            return self
+
+    def _init(self, backend_name: str, index: int) -> None:
+        backend, why = backends.usable(backend_name)
+        if backend is None:
+            raise BackendUnavailable(f"backend {backend_name!r} is not available here: {why}")
+        infos = backend.devices()
+        if index >= len(infos):
+            found = ", ".join(f"{backend_name}:{i.index} {i.name}" for i in infos) or "none"
+            raise BackendUnavailable(f"{backend_name} has no device {index}; devices found: {found}")
+        self._backend: BackendDevice = backend.open(index)
+        self.index = index
+        self.backend_kind = BackendKind(backend_name)
+        self.closed = False
+        self.held_bytes = 0
+        self._lock = threading.Lock()
+        self._streams: list[Stream] = []
+        self._buffers: weakref.WeakSet = weakref.WeakSet()
+        self._next_stream_id = 0
+        self.default_stream = self.create_stream("default")
+
+    @classmethod
+    def with_backend(cls, index: int, kind: BackendKind | str) -> "Device":
+        """Device ``index`` of backend ``kind``."""
+        return cls(index, backend=kind)
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def name(self) -> str:
+        return self._backend.info.name
+
+    @property
+    def info(self) -> DeviceInfo:
+        return self._backend.info
+
+    @property
+    def caps(self) -> Caps:
+        return self._backend.caps
+
+    @property
+    def spec(self) -> str:
+        """'cuda:0', the string GPUWB_DEVICE and ``%gpu use`` take."""
+        return f"{self.backend_kind.value}:{self.index}"
+
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes. Where the backend cannot tell free memory (``caps.memory_free_known`` is False),
+        free is the total minus what gpuworkbench holds. Non-blocking."""
+        free, total = self._backend.memory_info()
+        if not self.caps.memory_free_known:
+            free = max(total - self.held_bytes, 0)
+        return int(free), int(total)
+
+    def _used_bytes_for_trace(self) -> int:
+        if not self.caps.memory_free_known:
+            return -1
+        free, total = self._backend.memory_info()
+        return int(total - free)
+
+    @property
+    def live_buffers(self) -> list["Buffer"]:
+        """Buffers allocated on this device and not freed yet."""
+        return [b for b in list(self._buffers) if not b.closed]
+
+    # ------------------------------------------------------------------ factories
+    def create_stream(self, label: str | None = None) -> Stream:
+        """A new non-blocking stream."""
+        self._check_open()
+        with self._lock:
+            sid = self._next_stream_id
+            self._next_stream_id += 1
+        stream = Stream(self, label or f"stream-{sid}", sid)
+        self._streams.append(stream)
+        from .trace import recorder
+
+        for t in list(recorder.ACTIVE):
+            if id(self) in t._device_numbers:
+                t.label_stream(t.device_number(self), sid, stream.label)
+        return stream
+
+    def _stream_labels(self) -> dict[int, str]:
+        return {s.id: s.label for s in self._streams}
+
+    def _forget_stream(self, stream: Stream) -> None:
+        if stream in self._streams:
+            self._streams.remove(stream)
+
+    def stream_pool(
+        self, size: int = 4, assignment: StreamAssignment = StreamAssignment.ROUND_ROBIN, label: str = "pool"
+    ) -> StreamPool:
+        """``size`` streams handed out round-robin or to the least-loaded."""
+        return StreamPool(self, size, assignment, label)
+
+    def stream_set(self, depth: int, label: str = "set") -> StreamSet:
+        """``depth`` streams addressed as ``get(i) → i % depth``."""
+        return StreamSet(self, depth, label)
+
+    def alloc(self, n: int, dtype: Any = "float32") -> "Buffer":
+        """A device buffer of ``n`` elements (uninitialised). Blocks only for the allocation itself."""
+        from .buffer import Buffer
+
+        return Buffer.allocate(self, n, dtype)
+
+    def empty_pinned(self, shape: int | Sequence[int], dtype: Any = "float32") -> np.ndarray:
+        """A host array in page-locked memory where the backend has it (CUDA, ROCm, OpenCL), else ordinary."""
+        self._check_open()
+        shape_t = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if any((not isinstance(s, (int, np.integer))) or s < 0 for s in shape_t):
+            raise InvalidArgument(f"shape must be non-negative ints, got {shape!r}")
+        return self._backend.empty_pinned(shape_t, _dtype(dtype))
+
+    def is_pinned(self, array: np.ndarray) -> bool:
+        """True when ``array`` is page-locked memory this device can copy asynchronously."""
+        return self._backend.is_pinned(array)
+
+    def compile(self, source: Any, name: str, options: Sequence[str] = ()) -> "Kernel":
+        """Build kernel ``name`` from CUDA C / OpenCL C / a Python callable, per ``caps.kernel_language``.
+        Raises CompileError carrying the compiler's log. Blocks while compiling."""
+        from .kernels import Kernel
+
+        self._check_open()
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"kernel name must be a non-empty string, got {name!r}")
+        raw = self._backend.compile(source, name, tuple(options))
+        return Kernel(self, raw, name, source)
+
+    # ------------------------------------------------------------------ sync and lifetime
+    def synchronize(self) -> None:
+        """Block the host until every stream of this device is empty (raises if an op failed)."""
+        self._check_open()
+        for s in list(self._streams):
+            s.synchronize()
+
+    def _register_alloc(self, buf: "Buffer", nbytes: int, start_ns: int) -> None:
+        with self._lock:
+            self.held_bytes += nbytes
+        self._buffers.add(buf)
+        _dispatch.host_event(self, "alloc", nbytes, f"alloc {nbytes} B", start_ns)
+
+    def _register_free(self, nbytes: int, start_ns: int) -> None:
+        with self._lock:
+            self.held_bytes -= nbytes
+        _dispatch.host_event(self, "free", nbytes, f"free {nbytes} B", start_ns)
+
+    def close(self) -> None:
+        """Wait for all work, free every live buffer and stream, and release the device."""
+        if self.closed:
+            return
+        self.synchronize()
+        for buf in self.live_buffers:
+            buf.free()
+        for s in list(self._streams):
+            s.close()
+        self._backend.close()
+        self.closed = True
+        with Device._open_lock:
+            Device._open.pop((self.backend_kind.value, self.index), None)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InvalidArgument(f"device {self.spec} is closed")
+
+    def __repr__(self) -> str:
+        return f"<Device {self.spec} {self.name!r}>"
+
+
+def _dtype(dtype: Any) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise InvalidArgument(f"{dtype!r} is not a NumPy dtype") from None
+    if dt.hasobject or dt.itemsize == 0:
+        raise InvalidArgument(f"dtype {dt} cannot live on a device (objects and empty types have no fixed bytes)")
+    return dt
+
+
+def devices() -> list[DeviceInfo]:
+    """Every device of every backend found on this machine (probing never opens a device)."""
+    found: list[DeviceInfo] = []
+    for name in backends.PROBE_ORDER:
+        backend, _ = backends.usable(name)
+        if backend is not None:
+            found.extend(backend.devices())
+    return found
+
+
+def backend_status() -> dict[str, str]:
+    """Per backend: "" when usable, else why not (for ``gpuworkbench info`` and ``%gpu``)."""
+    return {name: backends.usable(name)[1] for name in backends.PROBE_ORDER}

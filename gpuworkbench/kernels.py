@@ -1,0 +1,374 @@
+"""Kernels: raw source compiled per backend, and ``elementwise``: one expression compiled for every backend."""
+
+from __future__ import annotations
+
+import ast
+import re
+import threading
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from .backends.base import BufferArg
+from .errors import CompileError, InvalidArgument
+from .streams import Event, Stream
+
+if TYPE_CHECKING:
+    from .device import Device
+
+
+def _dims(value: Any, what: str) -> tuple[int, ...]:
+    dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    if not 1 <= len(dims) <= 3 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
+        raise InvalidArgument(f"{what} must be 1 to 3 positive ints, got {value!r}")
+    return tuple(int(d) for d in dims)
+
+
+def _scalar(value: Any, position: int) -> Any:
+    """Kernel scalars: NumPy scalars pass as they are; Python int → int32 (int64 if needed), float → float32."""
+    if isinstance(value, np.generic):
+        return value
+    if isinstance(value, bool):
+        return np.int32(value)
+    if isinstance(value, int):
+        return np.int32(value) if -(2**31) <= value < 2**31 else np.int64(value)
+    if isinstance(value, float):
+        return np.float32(value)
+    raise InvalidArgument(f"kernel argument {position} is a {type(value).__name__}; pass a Buffer or a number")
+
+
+class Kernel:
+    """A compiled kernel on one device. Call ``k(grid, block, args, stream=s)``: grid in blocks, block in threads."""
+
+    def __init__(self, device: "Device", raw: Any, name: str, source: Any) -> None:
+        self.device, self._raw, self.name, self.source = device, raw, name, source
+
+    def __call__(
+        self, grid: Any, block: Any, args: Sequence[Any], stream: Stream | None = None, name: str | None = None
+    ) -> Event:
+        """Enqueue the kernel on ``stream`` (the device's default stream if None). Non-blocking; returns an Event."""
+        from .buffer import Buffer
+
+        grid_t, block_t = _dims(grid, "grid"), _dims(block, "block")
+        if not isinstance(args, (tuple, list)):
+            raise InvalidArgument("kernel args must be a tuple or list")
+        stream = self.device.default_stream if stream is None else stream
+        if stream.device is not self.device:
+            raise InvalidArgument(f"stream {stream.label!r} is on {stream.device.spec}, kernel on {self.device.spec}")
+        converted: list[Any] = []
+        buffers: list[Buffer] = []
+        for i, a in enumerate(args):
+            if isinstance(a, Buffer):
+                if a.device is not self.device:
+                    raise InvalidArgument(f"kernel argument {i} is a buffer on {a.device.spec}, not {self.device.spec}")
+                converted.append(a._arg())
+                buffers.append(a)
+            else:
+                converted.append(_scalar(a, i))
+        backend, raw = self.device._backend, self._raw
+        event = stream._enqueue(
+            "kernel",
+            0,
+            name or self.name,
+            -1,
+            lambda timed: backend.launch(raw, grid_t, block_t, converted, stream._raw, timed),
+            keep=converted,
+        )
+        for b in buffers:
+            b._touch(event._completion)
+        return event
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.name!r} on {self.device.spec}>"
+
+
+# ---------------------------------------------------------------------------------------------------------- elementwise
+_C_TYPES = {
+    "cuda": {
+        "float32": "float",
+        "float64": "double",
+        "int32": "int",
+        "uint32": "unsigned int",
+        "int64": "long long",
+        "uint64": "unsigned long long",
+        "int16": "short",
+        "uint16": "unsigned short",
+        "int8": "signed char",
+        "uint8": "unsigned char",
+    },
+    "opencl": {
+        "float32": "float",
+        "float64": "double",
+        "int32": "int",
+        "uint32": "uint",
+        "int64": "long",
+        "uint64": "ulong",
+        "int16": "short",
+        "uint16": "ushort",
+        "int8": "char",
+        "uint8": "uchar",
+    },
+}
+_FUNCS = {
+    # name: (C name for float kernels, C name for integer kernels, NumPy function)
+    "sin": ("sin", None, np.sin),
+    "cos": ("cos", None, np.cos),
+    "tan": ("tan", None, np.tan),
+    "tanh": ("tanh", None, np.tanh),
+    "exp": ("exp", None, np.exp),
+    "log": ("log", None, np.log),
+    "sqrt": ("sqrt", None, np.sqrt),
+    "floor": ("floor", None, np.floor),
+    "ceil": ("ceil", None, np.ceil),
+    "pow": ("pow", None, np.power),
+    "abs": ("fabs", "abs", np.abs),
+    "min": ("fmin", "min", np.minimum),
+    "max": ("fmax", "max", np.maximum),
+}
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Mod: "%", ast.BitAnd: "&&", ast.BitOr: "||"}
+_CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+
+
+class _ToC(ast.NodeVisitor):
+    """Turns one parsed expression into C, with array params indexed by ``i``."""
+
+    def __init__(self, arrays: set[str], scalars: set[str], float32: bool, floats: bool) -> None:
+        self.arrays, self.scalars, self.float32, self.floats = arrays, scalars, float32, floats
+
+    def generic_visit(self, node: ast.AST) -> str:
+        raise InvalidArgument(f"elementwise expressions cannot contain {type(node).__name__} ({ast.unparse(node)!r})")
+
+    def visit_Name(self, node: ast.Name) -> str:
+        if node.id in self.arrays:
+            return f"{node.id}[i]"
+        if node.id in self.scalars:
+            return node.id
+        raise InvalidArgument(f"elementwise expression uses {node.id!r}, which is not a declared parameter")
+
+    def visit_Constant(self, node: ast.Constant) -> str:
+        if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
+            raise InvalidArgument(f"elementwise constant {node.value!r} is not a number")
+        if isinstance(node.value, float):
+            text = repr(node.value)
+            if "e" not in text and "." not in text:
+                text += ".0"
+            return text + ("f" if self.float32 else "")
+        return str(node.value)
+
+    def visit_BinOp(self, node: ast.BinOp) -> str:
+        op = _BINOPS.get(type(node.op))
+        if op is None:
+            raise InvalidArgument(f"operator {ast.unparse(node)!r} is not supported in elementwise expressions")
+        return f"({self.visit(node.left)} {op} {self.visit(node.right)})"
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> str:
+        ops = {ast.USub: "-", ast.UAdd: "+", ast.Invert: "!", ast.Not: "!"}
+        if type(node.op) not in ops:
+            raise InvalidArgument(f"operator in {ast.unparse(node)!r} is not supported")
+        return f"({ops[type(node.op)]}{self.visit(node.operand)})"
+
+    def visit_Compare(self, node: ast.Compare) -> str:
+        if len(node.ops) != 1:
+            raise InvalidArgument(f"chained comparison {ast.unparse(node)!r}: write (a < b) & (b < c)")
+        return f"({self.visit(node.left)} {_CMPOPS[type(node.ops[0])]} {self.visit(node.comparators[0])})"
+
+    def visit_Call(self, node: ast.Call) -> str:
+        fname = node.func.id if isinstance(node.func, ast.Name) else ""
+        args = [self.visit(a) for a in node.args]
+        if fname == "where" and len(args) == 3:
+            return f"({args[0]} ? {args[1]} : {args[2]})"
+        if fname not in _FUNCS:
+            known = ", ".join(sorted([*_FUNCS, "where"]))
+            raise InvalidArgument(f"function {fname or ast.unparse(node.func)!r} is not supported; known: {known}")
+        c_float, c_int, _ = _FUNCS[fname]
+        c_name = c_float if self.floats or c_int is None else c_int
+        return f"{c_name}({', '.join(args)})"
+
+
+class _ToNumPy(ast.NodeTransformer):
+    """Rewrites the expression for NumPy: logic ops stay bitwise, where/min/max/abs map to NumPy functions."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name):
+            node.func = ast.Name(id=f"_np_{node.func.id}", ctx=ast.Load())
+        return node
+
+
+class ElementwiseKernel:
+    """One expression, every backend: ``f = gw.elementwise("float32 x, float32 y", "y = 2*x + 1")``.
+
+    Call it with buffers (and numbers for scalar parameters) in declared order: ``f(x, y, stream=s)``. Parameters
+    assigned to are outputs. The language is C-like arithmetic in Python syntax: ``+ - * / %``, comparisons,
+    ``&`` / ``|`` / ``~`` as logical and/or/not, ``where(c, a, b)``, and sin, cos, tan, tanh, exp, log, sqrt, floor,
+    ceil, pow, abs, min, max. Float constants are single precision when no parameter is float64.
+    """
+
+    def __init__(self, params: str, body: str, name: str = "elementwise") -> None:
+        self.name = name
+        self.params = self._parse_params(params)
+        self.body = body
+        self.statements = self._parse_body(body)
+        self.outputs = [target for target, _ in self.statements]
+        self._cache: dict[tuple[int, tuple[bool, ...]], Any] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _parse_params(params: str) -> list[tuple[str, np.dtype]]:
+        parsed = []
+        for part in [p.strip() for p in params.split(",") if p.strip()]:
+            pieces = part.split()
+            if len(pieces) != 2 or not pieces[1].isidentifier():
+                raise InvalidArgument(f"elementwise parameter {part!r} must read 'dtype name', e.g. 'float32 x'")
+            try:
+                dt = np.dtype(pieces[0])
+            except TypeError:
+                raise InvalidArgument(f"elementwise parameter {part!r}: {pieces[0]!r} is not a dtype") from None
+            if dt.name not in _C_TYPES["cuda"]:
+                raise InvalidArgument(f"elementwise parameter {part!r}: dtype {dt} is not supported on devices")
+            parsed.append((pieces[1], dt))
+        if not parsed:
+            raise InvalidArgument("elementwise needs at least one parameter")
+        names = [n for n, _ in parsed]
+        if len(set(names)) != len(names):
+            raise InvalidArgument(f"elementwise parameters repeat a name: {names}")
+        return parsed
+
+    def _parse_body(self, body: str) -> list[tuple[str, ast.expr]]:
+        names = {n for n, _ in self.params}
+        statements = []
+        for text in [s.strip() for s in re.split(r"[;\n]", body) if s.strip()]:
+            text = text.replace("&&", "&").replace("||", "|")
+            try:
+                tree = ast.parse(text, mode="exec")
+            except SyntaxError as exc:
+                raise InvalidArgument(f"elementwise statement {text!r} is not valid: {exc.msg}") from None
+            stmt = tree.body[0] if len(tree.body) == 1 else None
+            if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
+                raise InvalidArgument(f"elementwise statement {text!r} must read 'output = expression'")
+            target = stmt.targets[0].id
+            if target not in names:
+                raise InvalidArgument(f"elementwise statement assigns {target!r}, which is not a declared parameter")
+            statements.append((target, stmt.value))
+        if not statements:
+            raise InvalidArgument("elementwise body assigns nothing; write e.g. 'y = 2*x + 1'")
+        return statements
+
+    # ------------------------------------------------------------------ per-backend source
+    def source(self, language: str, is_array: Sequence[bool] | None = None) -> str:
+        """The generated CUDA C or OpenCL C (``language`` "cuda" or "opencl") for the given array/scalar mask."""
+        mask = tuple(is_array) if is_array is not None else (True,) * len(self.params)
+        arrays = {n for (n, _), a in zip(self.params, mask) if a}
+        scalars = {n for (n, _), a in zip(self.params, mask) if not a}
+        floats = any(dt.kind == "f" for _, dt in self.params)
+        float32 = floats and not any(dt == np.float64 for _, dt in self.params)
+        to_c = _ToC(arrays, scalars, float32, floats)
+        types = _C_TYPES[language]
+        lines = [f"{n}[i] = ({types[dict(self.params)[n].name]})({to_c.visit(e)});" for n, e in self.statements]
+        index_t = "long long" if language == "cuda" else "long"
+        sig = []
+        for (n, dt), a in zip(self.params, mask):
+            const = "const " if n not in self.outputs else ""
+            if language == "cuda":
+                sig.append(f"{const}{types[dt.name]}* __restrict__ {n}" if a else f"const {types[dt.name]} {n}")
+            else:
+                sig.append(f"__global {const}{types[dt.name]}* restrict {n}" if a else f"const {types[dt.name]} {n}")
+        sig.append(f"const {index_t} n")
+        body = "\n".join(f"        {line}" for line in lines)
+        if language == "cuda":
+            return (
+                f'extern "C" __global__ void {self.name}({", ".join(sig)}) {{\n'
+                f"    {index_t} i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+                f"    if (i < n) {{\n{body}\n    }}\n}}\n"
+            )
+        prelude = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if "double" in " ".join(sig) else ""
+        return (
+            f"{prelude}__kernel void {self.name}({', '.join(sig)}) {{\n"
+            f"    {index_t} i = get_global_id(0);\n"
+            f"    if (i < n) {{\n{body}\n    }}\n}}\n"
+        )
+
+    def _numpy_callable(self, mask: tuple[bool, ...]) -> Any:
+        names = [n for n, _ in self.params]
+        dtypes = dict(self.params)
+        code = []
+        for target, expr in self.statements:
+            tree = ast.Expression(body=_ToNumPy().visit(ast.parse(ast.unparse(expr), mode="eval").body))
+            ast.fix_missing_locations(tree)
+            code.append((target, compile(tree, f"<elementwise {self.name}>", "eval")))
+        env = {f"_np_{k}": v[2] for k, v in _FUNCS.items()} | {"_np_where": np.where}
+
+        def run(*values: Any) -> None:
+            scope = dict(env)
+            for n, v, a in zip(names, values, mask):
+                scope[n] = v if a else dtypes[n].type(v)
+            with np.errstate(all="ignore"):
+                for target, compiled in code:
+                    scope[target][...] = eval(compiled, scope)  # noqa: S307 - our own compiled AST
+
+        return run
+
+    def _kernel_for(self, device: "Device", mask: tuple[bool, ...]) -> Any:
+        key = (id(device), mask)
+        with self._lock:
+            kernel = self._cache.get(key)
+            if kernel is None:
+                language = device.caps.kernel_language
+                if language == "python":
+                    src: Any = self._numpy_callable(mask)
+                elif language in ("cuda", "opencl"):
+                    src = self.source(language, mask)
+                else:
+                    raise InvalidArgument(f"elementwise has no code generator for {language!r} kernels yet")
+                try:
+                    kernel = device.compile(src, self.name)
+                except CompileError as exc:  # our generator produced bad code: show it, it is our bug
+                    raise CompileError(self.name, f"generated code failed to compile: {exc.log}", exc.source) from None
+                self._cache[key] = kernel
+            return kernel
+
+    def __call__(self, *args: Any, stream: Stream | None = None, block: int = 256) -> Event:
+        """Enqueue the expression over every element on ``stream``. Non-blocking; returns an Event."""
+        from .buffer import Buffer
+
+        if len(args) != len(self.params):
+            raise InvalidArgument(f"{self.name} takes {len(self.params)} arguments ({self._sig()}), got {len(args)}")
+        mask = tuple(isinstance(a, Buffer) for a in args)
+        buffers = [a for a in args if isinstance(a, Buffer)]
+        if not buffers:
+            raise InvalidArgument(f"{self.name} needs at least one buffer argument")
+        n = len(buffers[0])
+        for (pname, dt), a in zip(self.params, args):
+            if isinstance(a, Buffer):
+                if a.dtype != dt:
+                    raise InvalidArgument(f"{self.name}: parameter {pname!r} is {dt}, buffer holds {a.dtype}")
+                if len(a) != n:
+                    raise InvalidArgument(f"{self.name}: buffers differ in length ({n} and {len(a)} for {pname!r})")
+                if a.device is not buffers[0].device:
+                    raise InvalidArgument(f"{self.name}: buffers are on different devices")
+            elif pname in self.outputs:
+                raise InvalidArgument(f"{self.name}: output {pname!r} must be a Buffer, not {type(a).__name__}")
+        device = buffers[0].device
+        stream = device.default_stream if stream is None else stream
+        if n == 0:
+            return stream.record()
+        kernel = self._kernel_for(device, mask)
+        values = [a if isinstance(a, Buffer) else dt.type(a) for a, (_, dt) in zip(args, self.params)]
+        if device.caps.kernel_language == "python":
+            return kernel((1,), (1,), values, stream=stream)
+        index = np.int64(n)
+        return kernel(((n + block - 1) // block,), (block,), [*values, index], stream=stream)
+
+    def _sig(self) -> str:
+        return ", ".join(f"{dt} {n}" for n, dt in self.params)
+
+    def __repr__(self) -> str:
+        return f"<elementwise {self.name}({self._sig()}): {self.body!r}>"
+
+
+def elementwise(params: str, body: str, name: str = "elementwise") -> ElementwiseKernel:
+    """One C-like expression compiled for CUDA and OpenCL and evaluated with NumPy on the CPU."""
+    return ElementwiseKernel(params, body, name)
+
+
+__all__ = ["BufferArg", "ElementwiseKernel", "Kernel", "elementwise"]

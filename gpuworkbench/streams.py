@@ -1,0 +1,247 @@
+"""Streams, events, stream pools and fixed-depth stream sets.
+
+Every stream is non-blocking: it never waits for another stream unless told to with ``wait_event``. Methods say
+whether they block the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from contextlib import contextmanager
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Iterator
+
+from . import _dispatch
+from .errors import GpuError, InvalidArgument
+
+if TYPE_CHECKING:
+    from .device import Device
+
+
+class Event:
+    """The completion of one enqueued op (or a marker). ``done`` never blocks; ``wait()`` and ``await`` do."""
+
+    __slots__ = ("_completion", "stream", "_keep")
+
+    def __init__(self, completion: Any, stream: "Stream", keep: Any = None) -> None:
+        self._completion, self.stream, self._keep = completion, stream, keep
+
+    @property
+    def done(self) -> bool:
+        """True once the op has finished. Non-blocking."""
+        finished = self._completion.done()
+        if finished:
+            self._raise_if_failed()
+        return finished
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block the host until the op has finished (raises GpuError if the op failed)."""
+        if timeout_s is None:
+            self._completion.wait()
+        else:
+            _wait_with_timeout(self._completion, timeout_s)
+        self._keep = None
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        error = getattr(self._completion, "error", None)
+        if error is not None:
+            raise GpuError(f"an op on stream {self.stream.label!r} failed: {error!r}") from error
+
+    def __await__(self):  # noqa: ANN204 - generator protocol
+        """Await completion from asyncio without blocking the event loop (polls every 0.2 ms, backing off to 5 ms)."""
+        delay = 0.0002
+        while not self._completion.done():
+            yield from asyncio.sleep(delay).__await__()
+            delay = min(delay * 2, 0.005)
+        self._keep = None
+        self._raise_if_failed()
+
+    def __repr__(self) -> str:
+        return f"<Event on {self.stream.label!r} {'done' if self._completion.done() else 'pending'}>"
+
+
+def _wait_with_timeout(completion: Any, timeout_s: float) -> None:
+    finished = threading.Event()
+    threading.Thread(target=lambda: (completion.wait(), finished.set()), daemon=True).start()
+    if not finished.wait(timeout_s):
+        raise TimeoutError(f"op not finished after {timeout_s} s")
+
+
+class Stream:
+    """An in-order queue of device work. Create with ``device.create_stream(label)``."""
+
+    def __init__(self, device: "Device", label: str, stream_id: int) -> None:
+        self.device, self.label, self.id = device, label, stream_id
+        self._raw = device._backend.create_stream()
+        self._inflight: deque[tuple[Any, Any]] = deque()
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def _track(self, completion: Any, keep: Any) -> None:
+        with self._lock:
+            self._inflight.append((completion, keep))
+            if len(self._inflight) > 64:
+                self._prune()
+
+    def _prune(self) -> None:
+        q = self._inflight
+        while q and q[0][0].done():
+            q.popleft()
+
+    @property
+    def pending(self) -> int:
+        """Ops enqueued on this stream that have not finished yet. Non-blocking."""
+        with self._lock:
+            self._prune()
+            return len(self._inflight)
+
+    def record(self) -> Event:
+        """Enqueue a marker; the returned Event is done when all earlier work on this stream is. Non-blocking."""
+        self._check_open()
+        completion = self.device._backend.record(self._raw)
+        with self._lock:
+            self._inflight.append((completion, None))
+        return Event(completion, self)
+
+    def wait_event(self, event: Event) -> None:
+        """Make later work on this stream wait for ``event`` on the device. The host does not block."""
+        self._check_open()
+        if not isinstance(event, Event):
+            raise InvalidArgument(f"wait_event takes an Event, not {type(event).__name__}")
+        if event.stream.device is not self.device:
+            raise InvalidArgument(
+                f"event from {event.stream.device.spec} cannot be waited on by a stream of {self.device.spec}"
+            )
+        if not event._completion.done():
+            self.device._backend.wait_event(self._raw, event._completion)
+
+    def synchronize(self) -> None:
+        """Block the host until all work on this stream has finished (raises if any of it failed)."""
+        self._check_open()
+        self.device._backend.synchronize_stream(self._raw)
+        with self._lock:
+            items = list(self._inflight)
+            self._inflight.clear()
+        for completion, _ in items:
+            error = getattr(completion, "error", None)
+            if error is not None:
+                raise GpuError(f"an op on stream {self.label!r} failed: {error!r}") from error
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise InvalidArgument(f"stream {self.label!r} is closed")
+
+    def _enqueue(self, kind: str, nbytes: int, name: str, pinned: int, call: Any, keep: Any = None) -> Event:
+        self._check_open()
+        completion = _dispatch.enqueue(self, kind, nbytes, name, pinned, call, keep)
+        return Event(completion, self, keep)
+
+    def close(self) -> None:
+        """Wait for the stream's work, then release it."""
+        if not self.closed:
+            self.synchronize()
+            self.device._backend.destroy_stream(self._raw)
+            self.closed = True
+            self.device._forget_stream(self)
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.synchronize()
+
+    def __repr__(self) -> str:
+        return f"<Stream {self.id} {self.label!r} on {self.device.spec}, {self.pending} pending>"
+
+
+class StreamAssignment(Enum):
+    """How a StreamPool picks a stream: in turn, or the one with the least outstanding work."""
+
+    ROUND_ROBIN = "round_robin"
+    LEAST_PENDING = "least_pending"
+
+
+class StreamPool:
+    """A fixed set of streams handed out by a rule; ``acquire()`` is a guard whose lease ends on exit."""
+
+    def __init__(
+        self,
+        device: "Device",
+        size: int,
+        assignment: StreamAssignment = StreamAssignment.ROUND_ROBIN,
+        label: str = "pool",
+    ) -> None:
+        if not isinstance(size, int) or size < 1:
+            raise InvalidArgument(f"a stream pool needs at least one stream, got size={size!r}")
+        if not isinstance(assignment, StreamAssignment):
+            raise InvalidArgument(f"assignment must be a StreamAssignment, not {assignment!r}")
+        self.device, self.assignment = device, assignment
+        self.streams = [device.create_stream(f"{label}-{i}") for i in range(size)]
+        self._leases = [0] * size
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    def load(self) -> list[int]:
+        """Per stream: leases held now plus ops not yet finished (what LEAST_PENDING minimises)."""
+        return [lease + s.pending for lease, s in zip(self._leases, self.streams)]
+
+    def _pick(self) -> int:
+        if self.assignment is StreamAssignment.ROUND_ROBIN:
+            i = self._next
+            self._next = (i + 1) % len(self.streams)
+            return i
+        load = self.load()
+        return load.index(min(load))
+
+    def next(self) -> Stream:
+        """The next stream by the pool's rule, without a lease."""
+        with self._lock:
+            return self.streams[self._pick()]
+
+    @contextmanager
+    def acquire(self) -> Iterator[Stream]:
+        """Lease a stream by the pool's rule for the ``with`` block; its lease count drops on exit."""
+        with self._lock:
+            i = self._pick()
+            self._leases[i] += 1
+        try:
+            yield self.streams[i]
+        finally:
+            with self._lock:
+                self._leases[i] -= 1
+
+    def synchronize_all(self) -> None:
+        """Block the host until every stream of the pool is empty."""
+        for s in self.streams:
+            s.synchronize()
+
+
+class StreamSet:
+    """``depth`` streams addressed by index modulo depth: ``get(i)`` is stream ``i % depth``."""
+
+    def __init__(self, device: "Device", depth: int, label: str = "set") -> None:
+        if not isinstance(depth, int) or depth < 1:
+            raise InvalidArgument(f"a stream set needs depth >= 1, got {depth!r}")
+        self.device, self.depth = device, depth
+        self.streams = [device.create_stream(f"{label}-{i}") for i in range(depth)]
+
+    def get(self, i: int) -> Stream:
+        """Stream ``i % depth``."""
+        return self.streams[i % self.depth]
+
+    def __len__(self) -> int:
+        return self.depth
+
+    def __iter__(self) -> Iterator[Stream]:
+        return iter(self.streams)
+
+    def synchronize_all(self) -> None:
+        """Block the host until every stream of the set is empty."""
+        for s in self.streams:
+            s.synchronize()

@@ -1,0 +1,740 @@
+"""Overlap, idle time, the 8-state breakdown, gap causes and advice: pure functions of span tables.
+
+Every number follows DESIGN §6. Per device, K is the union of kernel, device-to-device copy and memset intervals, H of
+H2D, D of D2H, C = H ∪ D and A = K ∪ C, all clipped to the window W. Durations are never summed across streams: each
+figure is the length of a union. Functions take the columnar table of ``trace/spans.py`` and never a backend object.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from gpuworkbench.errors import InvalidArgument
+from gpuworkbench.trace.spans import KIND_CODE, KINDS
+
+#: Intervals as two int64 arrays ``(starts, ends)``; the functions below return them sorted, disjoint and non-touching.
+Intervals = tuple[np.ndarray, np.ndarray]
+
+#: The 8 states of a device at one instant, named by which engines are busy (H2D, D2H, kernels).
+STATES: tuple[str, ...] = ("idle", "K", "H", "D", "H+K", "D+K", "H+D", "H+D+K")
+
+#: Gap causes, in the order of their integer codes.
+GAP_CAUSES: tuple[str, ...] = ("host-wait", "launch", "other")
+
+#: Launch gaps are shorter than this (DESIGN §6, θ).
+DEFAULT_THETA_NS = 5_000
+
+# Bit masks of the sweep: H = 1, D = 2, K = 4; the state name of every mask.
+_H, _D, _K = 1, 2, 4
+_STATE_OF_MASK: tuple[str, ...] = ("idle", "H", "D", "H+D", "K", "H+K", "D+K", "H+D+K")
+
+_H2D, _D2H, _KERNEL = KIND_CODE["h2d"], KIND_CODE["d2h"], KIND_CODE["kernel"]
+# alloc, free and markers are host bookkeeping, not device work: they never count as busy time.
+_IS_WORK = np.array([name not in ("alloc", "free", "marker") for name in KINDS])
+_IS_K = np.array([name in ("kernel", "d2d", "memset") for name in KINDS])
+
+# Advice thresholds (see the docstring of ``_advise`` for what each one decides).
+_HOST_WAIT_SHARE = 0.5  # host-wait time / all gap time on a stream
+_HOST_WAIT_MIN_WINDOW_SHARE = 0.1  # host-wait time on a stream / |W|
+_LAUNCH_MIN_KERNELS = 20
+_LAUNCH_MAX_MEDIAN_NS = 10_000
+_LAUNCH_GAP_RATIO = 0.5  # median gap before a kernel / median kernel duration
+_SERIAL_UNION_SHARE = 0.9  # |union of one direction| / sum of its durations
+_SERIAL_BLOCKED_SHARE = 0.1  # time a ready copy waited on another stream's copy / |union of that direction|
+_SERIAL_MAX_HIDDEN_SHARE = 0.5  # |that direction ∩ (K ∪ other direction)| / |that direction|
+
+_REQUIRED_COLUMNS = ("kind", "device", "stream", "start_ns", "end_ns", "enqueue_ns", "bytes", "pinned")
+
+
+# --- interval algebra ---------------------------------------------------------------------------------------------
+
+
+def _empty() -> Intervals:
+    return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+
+
+def _merge_sorted(starts: np.ndarray, ends: np.ndarray) -> Intervals:
+    """Merge intervals already sorted by start (empty ones dropped); touching intervals merge."""
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if starts.size == 0:
+        return _empty()
+    reach = np.maximum.accumulate(ends)
+    new_run = np.empty(starts.size, dtype=bool)
+    new_run[0] = True
+    new_run[1:] = starts[1:] > reach[:-1]
+    first = np.flatnonzero(new_run)
+    last = np.append(first[1:] - 1, starts.size - 1)
+    return starts[first], reach[last]
+
+
+def union(starts: Any, ends: Any) -> Intervals:
+    """The sorted, merged intervals covering exactly the time the given ones cover (touching merge, empty drop).
+
+    Every DESIGN §6 quantity is the length of a union, so that time covered by several streams counts once.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    order = np.argsort(starts, kind="stable")
+    return _merge_sorted(starts[order], ends[order])
+
+
+def _sweep(parts: list[Intervals], weights: list[int], points: tuple[int, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """Boundaries ``b`` and values ``v``: on ``[b[i], b[i+1])`` the summed weights of the parts covering it.
+
+    Each part must be a union (disjoint), so with weights 1, 2, 4 the value is a bit mask of which parts cover.
+    """
+    times = np.concatenate([p[0] for p in parts] + [p[1] for p in parts] + [np.asarray(points, dtype=np.int64)])
+    deltas = np.concatenate(
+        [np.full(p[0].size, w, dtype=np.int64) for p, w in zip(parts, weights)]
+        + [np.full(p[1].size, -w, dtype=np.int64) for p, w in zip(parts, weights)]
+        + [np.zeros(len(points), dtype=np.int64)]
+    )
+    order = np.argsort(times, kind="stable")
+    times = times[order]
+    values = np.cumsum(deltas[order])
+    last_at_time = np.append(times[1:] != times[:-1], True)
+    return times[last_at_time], values[last_at_time]
+
+
+def _select(bounds: np.ndarray, values: np.ndarray, wanted: int) -> Intervals:
+    keep = values[:-1] == wanted
+    return _merge_sorted(bounds[:-1][keep], bounds[1:][keep])
+
+
+def _normal(a: Intervals) -> Intervals:
+    return union(a[0], a[1])
+
+
+def intersection(a: Intervals, b: Intervals) -> Intervals:
+    """The time covered by both ``a`` and ``b``, as a union.
+
+    Overlap is |C ∩ K|: the copy time during which some kernel also ran.
+    """
+    bounds, values = _sweep([_normal(a), _normal(b)], [1, 2])
+    return _select(bounds, values, 3)
+
+
+def difference(a: Intervals, b: Intervals) -> Intervals:
+    """The time covered by ``a`` and not by ``b``, as a union.
+
+    Exposed copy time is |C \\ K|: copy time that no kernel hides.
+    """
+    bounds, values = _sweep([_normal(a), _normal(b)], [1, 2])
+    return _select(bounds, values, 1)
+
+
+def clip(a: Intervals, start: int, end: int) -> Intervals:
+    """The part of ``a`` inside the window ``[start, end]``, as a union.
+
+    Every figure is measured inside one window W, so spans reaching outside it count only in part.
+    """
+    starts, ends = _normal(a)
+    return _merge_sorted(np.maximum(starts, start), np.minimum(ends, end))
+
+
+def total_length(a: Intervals) -> int:
+    """Total time (ns) covered by ``a``, which must be a union (as every function here returns).
+
+    The |X| of DESIGN §6.
+    """
+    return int(np.sum(a[1] - a[0]))
+
+
+# --- advice and summaries -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One finding about a trace, named by a stable ``code``, with a message in the user's words.
+
+    Codes: ``pageable-memory``, ``one-stream``, ``host-wait``, ``launch-bound``, ``same-direction-copies``.
+    """
+
+    code: str
+    message: str
+    severity: str = "warning"  # "warning" (costs time now) or "info" (worth knowing)
+    device: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceSummary:
+    """The DESIGN §6 figures of one device over one window W (times in ns, percentages 0–100).
+
+    ``window_source`` is "ops" (first op start to last op end) or "cell" (a window passed in, e.g. a cell's wall time).
+    ``gap_ns`` holds per stream the gap time per cause; gaps are never summed across streams.
+    """
+
+    device: int
+    window_start_ns: int
+    window_end_ns: int
+    window_source: str
+    window_ns: int
+    overlap_pct: float | None
+    exposed_copy_ns: int
+    h2d_overlap_pct: float | None
+    d2h_overlap_pct: float | None
+    idle_pct: float | None
+    states: dict[str, int]
+    pipeline_efficiency: float | None
+    stream_busy: dict[int, float]
+    bandwidth_gbps: dict[str, float | None]
+    op_counts: dict[str, int]
+    gap_ns: dict[int, dict[str, int]]
+    gap_counts: dict[str, int]
+    advice: list[Advice]
+
+    @property
+    def kernel_ns(self) -> int:
+        """|K|: time some kernel, device copy or memset ran."""
+        return sum(ns for state, ns in self.states.items() if "K" in state)
+
+    @property
+    def h2d_ns(self) -> int:
+        """|H|: time some host-to-device copy ran."""
+        return sum(ns for state, ns in self.states.items() if "H" in state)
+
+    @property
+    def d2h_ns(self) -> int:
+        """|D|: time some device-to-host copy ran."""
+        return sum(ns for state, ns in self.states.items() if "D" in state)
+
+    @property
+    def copy_ns(self) -> int:
+        """|C| = |H ∪ D|."""
+        return sum(ns for state, ns in self.states.items() if "H" in state or "D" in state)
+
+    @property
+    def active_ns(self) -> int:
+        """|A| = |K ∪ C|: time the device did anything."""
+        return self.window_ns - self.states["idle"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values only, ready for ``json.dumps``."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return _text({self.device: self}, self.advice)
+
+    def _repr_html_(self) -> str:
+        return _html({self.device: self}, self.advice)
+
+
+#: The DeviceSummary fields that ``Summary`` forwards to its first device.
+_FORWARDED = (
+    "window_start_ns",
+    "window_end_ns",
+    "window_source",
+    "window_ns",
+    "overlap_pct",
+    "exposed_copy_ns",
+    "h2d_overlap_pct",
+    "d2h_overlap_pct",
+    "idle_pct",
+    "states",
+    "pipeline_efficiency",
+    "stream_busy",
+    "bandwidth_gbps",
+    "op_counts",
+    "gap_ns",
+    "gap_counts",
+    "kernel_ns",
+    "h2d_ns",
+    "d2h_ns",
+    "copy_ns",
+    "active_ns",
+)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A trace's figures, one ``DeviceSummary`` per device; ``summary.overlap_pct`` etc. read the first device.
+
+    Most traces use one device, so its figures are one attribute away; ``advice`` gathers every device's.
+    """
+
+    devices: dict[int, DeviceSummary]
+
+    @property
+    def first_device(self) -> DeviceSummary:
+        """The summary of the lowest-numbered device (the only one, usually)."""
+        if not self.devices:
+            raise ValueError("the trace holds no spans, so there is no device to summarise")
+        return self.devices[min(self.devices)]
+
+    @property
+    def advice(self) -> list[Advice]:
+        """Advice for every device, device by device."""
+        return [item for device in sorted(self.devices) for item in self.devices[device].advice]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values only, ready for ``json.dumps``."""
+        return {"devices": {device: ds.to_dict() for device, ds in sorted(self.devices.items())}}
+
+    def __str__(self) -> str:
+        return _text(self.devices, self.advice)
+
+    def _repr_html_(self) -> str:
+        return _html(self.devices, self.advice)
+
+
+def _forward(name: str) -> property:
+    return property(lambda self: getattr(self.first_device, name), doc=f"``{name}`` of the first device.")
+
+
+for _name in _FORWARDED:
+    setattr(Summary, _name, _forward(_name))
+
+
+# --- per-device columns -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _DeviceSpans:
+    """One device's spans inside its window, start/end clipped to it; ``duration`` is the unclipped duration."""
+
+    device: int
+    w0: int
+    w1: int
+    source: str
+    kind: np.ndarray
+    stream: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    enqueue: np.ndarray
+    bytes: np.ndarray
+    pinned: np.ndarray
+    duration: np.ndarray
+
+    def rows(self, mask: np.ndarray) -> Intervals:
+        return self.start[mask], self.end[mask]
+
+
+def _check_table(table: Mapping[str, np.ndarray]) -> None:
+    missing = [col for col in _REQUIRED_COLUMNS if col not in table]
+    if missing:
+        raise InvalidArgument(f"span table lacks column(s) {', '.join(missing)}; build it with trace.spans.empty_table")
+
+
+def _check_window(window: tuple[int, int] | None) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    start, end = int(window[0]), int(window[1])
+    if end < start:
+        raise InvalidArgument(f"window ends ({end} ns) before it starts ({start} ns)")
+    return start, end
+
+
+def _device_spans(table: Mapping[str, np.ndarray], device: int, window: tuple[int, int] | None) -> _DeviceSpans:
+    rows = np.flatnonzero(np.asarray(table["device"]) == device)
+    kind = np.asarray(table["kind"])[rows]
+    start = np.asarray(table["start_ns"], dtype=np.int64)[rows]
+    end = np.asarray(table["end_ns"], dtype=np.int64)[rows]
+    if window is None:
+        work = _IS_WORK[kind]
+        w0, w1 = (int(start[work].min()), int(end[work].max())) if work.any() else (0, 0)
+        source = "ops"
+        inside = np.ones(rows.size, dtype=bool)
+    else:
+        w0, w1 = window
+        source = "cell"
+        inside = (end >= w0) & (start <= w1)
+    rows, kind, start, end = rows[inside], kind[inside], start[inside], end[inside]
+    return _DeviceSpans(
+        device=device,
+        w0=w0,
+        w1=w1,
+        source=source,
+        kind=kind,
+        stream=np.asarray(table["stream"])[rows],
+        start=np.clip(start, w0, w1),
+        end=np.clip(end, w0, w1),
+        enqueue=np.asarray(table["enqueue_ns"], dtype=np.int64)[rows],
+        bytes=np.asarray(table["bytes"], dtype=np.int64)[rows],
+        pinned=np.asarray(table["pinned"])[rows],
+        duration=end - start,
+    )
+
+
+def _engine_sweep(spans: _DeviceSpans) -> tuple[np.ndarray, np.ndarray]:
+    """Boundaries and H/D/K bit masks of the device's states, covering its whole window."""
+    h = union(*spans.rows(spans.kind == _H2D))
+    d = union(*spans.rows(spans.kind == _D2H))
+    k = union(*spans.rows(_IS_K[spans.kind]))
+    return _sweep([h, d, k], [_H, _D, _K], points=(spans.w0, spans.w1))
+
+
+def _states(spans: _DeviceSpans) -> dict[str, int]:
+    bounds, masks = _engine_sweep(spans)
+    lengths, masks = np.diff(bounds), masks[:-1]
+    by_mask = [int(lengths[masks == m].sum()) for m in range(8)]
+    by_mask[0] = (spans.w1 - spans.w0) - sum(by_mask[1:])
+    return {state: by_mask[_STATE_OF_MASK.index(state)] for state in STATES}
+
+
+# --- gaps -----------------------------------------------------------------------------------------------------------
+
+
+def _gaps(
+    device: np.ndarray, stream: np.ndarray, start: np.ndarray, end: np.ndarray, enqueue: np.ndarray, theta_ns: int
+) -> dict[str, np.ndarray]:
+    """Every gap between consecutive ops of one stream (ordered by start), with its cause code.
+
+    Columns: ``order`` (the ops sorted by device, stream, start), ``after`` (position in ``order`` of the op after each
+    gap), ``start_ns``, ``end_ns``, ``code`` (index into GAP_CAUSES), and ``lead`` (max(0, gap) before every op that
+    has a predecessor on its stream, -1 for the first op of a stream).
+    """
+    order = np.lexsort((start, stream, device))
+    s_dev, s_stream, s_start, s_end, s_enq = device[order], stream[order], start[order], end[order], enqueue[order]
+    same_stream = (s_dev[1:] == s_dev[:-1]) & (s_stream[1:] == s_stream[:-1])
+    prev_end = s_end[:-1]
+    gap = s_start[1:] - prev_end
+    lead = np.full(order.size, -1, dtype=np.int64)
+    lead[1:][same_stream] = np.maximum(gap[same_stream], 0)
+    is_gap = same_stream & (gap > 0)
+    after = np.flatnonzero(is_gap) + 1
+    enq = s_enq[after]
+    host_wait = (enq >= 0) & (enq > prev_end[after - 1])
+    code = np.where(host_wait, 0, np.where(gap[after - 1] < theta_ns, 1, 2)).astype(np.int8)
+    return {
+        "order": order,
+        "after": after,
+        "start_ns": prev_end[after - 1],
+        "end_ns": s_start[after],
+        "code": code,
+        "lead": lead,
+    }
+
+
+def gap_causes(table: Mapping[str, np.ndarray], theta_ns: int = DEFAULT_THETA_NS) -> dict[str, np.ndarray]:
+    """Every idle gap between consecutive ops of a stream, classified as host-wait, launch or other (DESIGN §6).
+
+    host-wait: the op after the gap was enqueued after the previous op ended; launch: shorter than ``theta_ns``;
+    other: the rest (a sync or event wait). Returns columns ``device``, ``stream``, ``start_ns``, ``end_ns``, ``cause``
+    (strings) and ``op_index`` (the table row of the op after the gap). alloc/free/marker spans are not ops here.
+    """
+    _check_table(table)
+    work_rows = np.flatnonzero(_IS_WORK[np.asarray(table["kind"])])
+    device = np.asarray(table["device"])[work_rows]
+    stream = np.asarray(table["stream"])[work_rows]
+    gaps = _gaps(
+        device,
+        stream,
+        np.asarray(table["start_ns"], dtype=np.int64)[work_rows],
+        np.asarray(table["end_ns"], dtype=np.int64)[work_rows],
+        np.asarray(table["enqueue_ns"], dtype=np.int64)[work_rows],
+        theta_ns,
+    )
+    op_rows = work_rows[gaps["order"][gaps["after"]]]
+    return {
+        "device": device[gaps["order"][gaps["after"]]],
+        "stream": stream[gaps["order"][gaps["after"]]],
+        "start_ns": gaps["start_ns"],
+        "end_ns": gaps["end_ns"],
+        "cause": np.array(GAP_CAUSES, dtype=object)[gaps["code"]],
+        "op_index": op_rows,
+    }
+
+
+# --- summaries ------------------------------------------------------------------------------------------------------
+
+
+def _pct(part: int, whole: int) -> float | None:
+    return None if whole == 0 else 100.0 * part / whole
+
+
+def _bandwidth(spans: _DeviceSpans, code: int) -> float | None:
+    """Bytes per ns (= GB/s) while copying: total bytes over the summed durations of that direction's copies."""
+    sel = spans.kind == code
+    busy = int(spans.duration[sel].sum())
+    return None if busy == 0 else float(spans.bytes[sel].sum()) / busy
+
+
+def _summarize_device(spans: _DeviceSpans, theta_ns: int) -> DeviceSummary:
+    window_ns = spans.w1 - spans.w0
+    states = _states(spans)
+    h = states["H"] + states["H+K"] + states["H+D"] + states["H+D+K"]
+    d = states["D"] + states["D+K"] + states["H+D"] + states["H+D+K"]
+    k = states["K"] + states["H+K"] + states["D+K"] + states["H+D+K"]
+    c = window_ns - states["idle"] - states["K"]
+    exposed = states["H"] + states["D"] + states["H+D"]
+
+    work = _IS_WORK[spans.kind]
+    w_stream, w_start, w_end = spans.stream[work], spans.start[work], spans.end[work]
+    gaps = _gaps(np.zeros(w_stream.size, np.int16), w_stream, w_start, w_end, spans.enqueue[work], theta_ns)
+    sorted_stream = w_stream[gaps["order"]]
+    gap_len = gaps["end_ns"] - gaps["start_ns"]
+
+    stream_busy: dict[int, float] = {}
+    gap_ns: dict[int, dict[str, int]] = {}
+    bounds = np.flatnonzero(np.diff(sorted_stream)) + 1
+    for lo, hi in zip(np.append(0, bounds), np.append(bounds, sorted_stream.size)):
+        if lo == hi:
+            continue
+        stream = int(sorted_stream[lo])
+        idx = gaps["order"][lo:hi]
+        busy = total_length(_merge_sorted(w_start[idx], w_end[idx]))
+        stream_busy[stream] = busy / window_ns if window_ns else 0.0
+        g_lo, g_hi = np.searchsorted(gaps["after"], [lo, hi])  # this stream's gaps, as gaps are sorted by stream
+        codes, lengths = gaps["code"][g_lo:g_hi], gap_len[g_lo:g_hi]
+        gap_ns[stream] = {cause: int(lengths[codes == i].sum()) for i, cause in enumerate(GAP_CAUSES)}
+
+    summary_without_advice = DeviceSummary(
+        device=spans.device,
+        window_start_ns=spans.w0,
+        window_end_ns=spans.w1,
+        window_source=spans.source,
+        window_ns=window_ns,
+        overlap_pct=_pct(c - exposed, c),
+        exposed_copy_ns=exposed,
+        h2d_overlap_pct=_pct(states["H+K"] + states["H+D+K"], h),
+        d2h_overlap_pct=_pct(states["D+K"] + states["H+D+K"], d),
+        idle_pct=_pct(states["idle"], window_ns),
+        states=states,
+        pipeline_efficiency=max(h, k, d) / window_ns if window_ns else None,
+        stream_busy=dict(sorted(stream_busy.items())),
+        bandwidth_gbps={"h2d": _bandwidth(spans, _H2D), "d2h": _bandwidth(spans, _D2H)},
+        op_counts={KINDS[code]: int(n) for code, n in enumerate(np.bincount(spans.kind, minlength=len(KINDS))) if n},
+        gap_ns=dict(sorted(gap_ns.items())),
+        gap_counts={cause: int(np.count_nonzero(gaps["code"] == i)) for i, cause in enumerate(GAP_CAUSES)},
+        advice=[],
+    )
+    kernel_leads = gaps["lead"][spans.kind[work][gaps["order"]] == _KERNEL]
+    advice = _advise(spans, summary_without_advice, kernel_leads[kernel_leads >= 0])
+    return replace(summary_without_advice, advice=advice)
+
+
+def summarize(
+    table: Mapping[str, np.ndarray], window: tuple[int, int] | None = None, theta_ns: int = DEFAULT_THETA_NS
+) -> Summary:
+    """Overlap %, exposed copy time, idle %, the 8-state breakdown, pipeline efficiency, stream busy, bandwidths,
+    gap causes and advice, per device (DESIGN §6).
+
+    ``window`` = (start_ns, end_ns), e.g. a cell's wall time, replaces W = [first op start, last op end]; spans are
+    clipped to it. Vectorised: a 10^6-span table summarises in well under a second.
+    """
+    _check_table(table)
+    window = _check_window(window)
+    devices = [int(d) for d in np.unique(np.asarray(table["device"]))]
+    return Summary({d: _summarize_device(_device_spans(table, d, window), theta_ns) for d in devices})
+
+
+def state_segments(
+    table: Mapping[str, np.ndarray], device: int = 0, window: tuple[int, int] | None = None
+) -> dict[str, np.ndarray]:
+    """Consecutive segments covering the device's window, each in one of the 8 states (idle included).
+
+    The timeline's overlap strip draws them: ``start_ns``, ``end_ns`` (int64) and ``state`` (strings from STATES).
+    """
+    _check_table(table)
+    spans = _device_spans(table, device, _check_window(window))
+    bounds, masks = _engine_sweep(spans)
+    names = np.array(_STATE_OF_MASK, dtype=object)
+    return {"start_ns": bounds[:-1], "end_ns": bounds[1:], "state": names[masks[:-1]]}
+
+
+# --- advice ---------------------------------------------------------------------------------------------------------
+
+
+def _advise(spans: _DeviceSpans, summary: DeviceSummary, kernel_leads: np.ndarray) -> list[Advice]:
+    """The advice codes, each decided by one rule.
+
+    - ``pageable-memory``: some H2D or D2H span has ``pinned == 0``.
+    - ``one-stream``: the device ran copies (H2D/D2H) and kernels, and every op on one stream.
+    - ``host-wait``: on some stream, host-wait gaps are ≥ 50 % of its gap time and ≥ 10 % of |W|.
+    - ``launch-bound``: ≥ 20 kernels, median kernel duration < 10 µs, and the median gap before a kernel (on its
+      stream, 0 when back to back) ≥ half the median kernel duration.
+    - ``same-direction-copies``: for one direction X (H2D or D2H): ≥ 2 streams issue X copies; |X| ≥ 90 % of the sum
+      of their durations (they ran one at a time); for ≥ 10 % of |X| a copy was enqueued and its own stream idle, yet
+      it waited while another stream's X copy ran (one copy engine per direction); and < 50 % of |X| overlaps kernels
+      or the other direction, so the extra streams bought little overlap. A healthy multi-stream pipeline, whose
+      copies wait on each other but hide behind kernels, does not fire.
+    """
+    device = spans.device
+    found: list[Advice] = []
+    work = _IS_WORK[spans.kind]
+    is_copy = (spans.kind == _H2D) | (spans.kind == _D2H)
+
+    pageable = is_copy & (spans.pinned == 0)
+    if pageable.any():
+        found.append(
+            Advice(
+                "pageable-memory",
+                f"{int(pageable.sum())} copies ({_format_bytes(int(spans.bytes[pageable].sum()))}) used pageable host "
+                "memory: such a copy is staged through a driver buffer and cannot overlap with kernels. Allocate the "
+                "host array with dev.empty_pinned(...).",
+                device=device,
+            )
+        )
+
+    streams = np.unique(spans.stream[work])
+    if is_copy.any() and _IS_K[spans.kind].any() and streams.size == 1:
+        found.append(
+            Advice(
+                "one-stream",
+                f"all {int(work.sum())} ops ran on stream {int(streams[0])}, so copies and kernels could not overlap. "
+                "Put the copies and kernels of different batches on different streams (dev.stream_pool(n)).",
+                device=device,
+            )
+        )
+
+    waiting = []
+    for stream, by_cause in summary.gap_ns.items():
+        total = sum(by_cause.values())
+        waited = by_cause["host-wait"]
+        if total and waited >= _HOST_WAIT_SHARE * total and waited >= _HOST_WAIT_MIN_WINDOW_SHARE * summary.window_ns:
+            waiting.append(f"stream {stream} for {_format_ns(waited)} ({_pct(waited, summary.window_ns):.0f} % of W)")
+    if waiting:
+        found.append(
+            Advice(
+                "host-wait",
+                f"the device waited for the host: {', '.join(waiting)}. Ops were enqueued only after the previous op "
+                "had finished, the mark of a blocking call (a synchronous copy_to_host, synchronize, ev.wait()) "
+                "between ops. Enqueue the next work before waiting on the last.",
+                device=device,
+            )
+        )
+
+    kernel = spans.kind == _KERNEL
+    if kernel.sum() >= _LAUNCH_MIN_KERNELS and kernel_leads.size:
+        median_ns = float(np.median(spans.end[kernel] - spans.start[kernel]))
+        median_gap = float(np.median(kernel_leads))
+        if median_ns < _LAUNCH_MAX_MEDIAN_NS and median_gap >= _LAUNCH_GAP_RATIO * median_ns:
+            found.append(
+                Advice(
+                    "launch-bound",
+                    f"{int(kernel.sum())} kernels took {_format_ns(median_ns)} each (median) with "
+                    f"{_format_ns(median_gap)} gaps between them: launching costs as much as the work. Fuse small "
+                    "kernels, give each more work, or replay them as a graph (op.graph_on(stream)).",
+                    device=device,
+                )
+            )
+
+    for code, label in ((_H2D, "H2D"), (_D2H, "D2H")):
+        message = _serialised_copies(spans, code, label)
+        if message:
+            found.append(Advice("same-direction-copies", message, severity="info", device=device))
+    return found
+
+
+def _serialised_copies(spans: _DeviceSpans, code: int, label: str) -> str | None:
+    """The same-direction-copies message for one direction, or None when the rule (see ``_advise``) does not fire."""
+    sel = spans.kind == code
+    streams = np.unique(spans.stream[sel])
+    if streams.size < 2:
+        return None
+    copies = union(*spans.rows(sel))
+    copy_ns = total_length(copies)
+    if copy_ns == 0 or copy_ns < _SERIAL_UNION_SHARE * int((spans.end[sel] - spans.start[sel]).sum()):
+        return None
+    others = union(*spans.rows(_IS_K[spans.kind] | (spans.kind == (_D2H if code == _H2D else _H2D))))
+    if total_length(intersection(copies, others)) >= _SERIAL_MAX_HIDDEN_SHARE * copy_ns:
+        return None
+    work = _IS_WORK[spans.kind]
+    blocked_parts = []
+    for stream in streams:
+        mine = spans.stream == stream
+        ready = sel & mine & (spans.enqueue >= 0) & (spans.enqueue < spans.start)
+        waits = union(np.maximum(spans.enqueue[ready], spans.w0), spans.start[ready])
+        idle_waits = difference(waits, union(*spans.rows(work & mine)))
+        blocked_parts.append(intersection(idle_waits, union(*spans.rows(sel & ~mine))))
+    blocked = union(np.concatenate([p[0] for p in blocked_parts]), np.concatenate([p[1] for p in blocked_parts]))
+    blocked_ns = total_length(blocked)
+    if blocked_ns == 0 or blocked_ns < _SERIAL_BLOCKED_SHARE * copy_ns:
+        return None
+    return (
+        f"{label} copies on streams {', '.join(str(int(s)) for s in streams)} ran one at a time: for "
+        f"{_format_ns(blocked_ns)} a copy was ready on an idle stream but waited for another stream's {label} copy. "
+        f"A device has one copy engine per direction, so splitting a copy over streams does not speed it up; "
+        f"overlap {label} with kernels or the other direction instead (a pipeline of batches)."
+    )
+
+
+# --- rendering ------------------------------------------------------------------------------------------------------
+
+
+def _format_ns(ns: float) -> str:
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(ns) >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def _format_bytes(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
+def _format_pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} %"
+
+
+def _rows(ds: DeviceSummary) -> list[tuple[str, str]]:
+    """(name, value) pairs of one device, named as DESIGN §6 names them."""
+    w = ds.window_ns
+    states = "  ".join(f"{s} {_format_pct(_pct(ns, w))}" for s, ns in ds.states.items() if ns) or "n/a"
+    busy = ", ".join(f"{s}: {100 * f:.1f} %" for s, f in ds.stream_busy.items()) or "n/a"
+    bandwidth = ", ".join(
+        f"{direction.upper()} {'n/a' if v is None else f'{v:.3g} GB/s'}" for direction, v in ds.bandwidth_gbps.items()
+    )
+    gaps = ", ".join(f"{cause} {n}" for cause, n in ds.gap_counts.items())
+    ops = ", ".join(f"{kind} {n}" for kind, n in ds.op_counts.items()) or "none"
+    efficiency = "n/a" if ds.pipeline_efficiency is None else f"{ds.pipeline_efficiency:.2f}"
+    return [
+        ("window W", f"{_format_ns(w)} (from {ds.window_source})"),
+        ("overlap %", _format_pct(ds.overlap_pct)),
+        ("exposed copy time", _format_ns(ds.exposed_copy_ns)),
+        ("H2D overlap %", _format_pct(ds.h2d_overlap_pct)),
+        ("D2H overlap %", _format_pct(ds.d2h_overlap_pct)),
+        ("idle %", _format_pct(ds.idle_pct)),
+        ("pipeline efficiency", efficiency),
+        ("8-state breakdown", states),
+        ("stream busy", busy),
+        ("bandwidth", bandwidth),
+        ("gap causes (count)", gaps),
+        ("ops", ops),
+    ]
+
+
+def _text(devices: dict[int, DeviceSummary], advice: list[Advice]) -> str:
+    if not devices:
+        return "no spans traced"
+    lines = []
+    for device, ds in sorted(devices.items()):
+        lines.append(f"device {device}")
+        lines += [f"  {name:<20} {value}" for name, value in _rows(ds)]
+    if advice:
+        lines.append("advice")
+        prefix = len(devices) > 1
+        lines += [f"  [{a.code}] {f'device {a.device}: ' if prefix else ''}{a.message}" for a in advice]
+    return "\n".join(lines)
+
+
+def _html(devices: dict[int, DeviceSummary], advice: list[Advice]) -> str:
+    if not devices:
+        return "<p>no spans traced</p>"
+    ordered = [ds for _, ds in sorted(devices.items())]
+    head = "".join(f"<th>device {ds.device}</th>" for ds in ordered)
+    columns = [_rows(ds) for ds in ordered]
+    body = "".join(
+        f"<tr><th style='text-align:left'>{html.escape(name)}</th>"
+        + "".join(f"<td style='text-align:left'>{html.escape(col[i][1])}</td>" for col in columns)
+        + "</tr>"
+        for i, (name, _) in enumerate(columns[0])
+    )
+    out = f"<table class='gpuworkbench-summary'><thead><tr><th></th>{head}</tr></thead><tbody>{body}</tbody></table>"
+    if advice:
+        items = "".join(
+            f"<li><b>{html.escape(a.code)}</b> ({html.escape(a.severity)}, device {a.device}): {html.escape(a.message)}"
+            "</li>"
+            for a in advice
+        )
+        out += f"<ul class='gpuworkbench-advice'>{items}</ul>"
+    return out

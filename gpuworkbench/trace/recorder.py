@@ -1,0 +1,442 @@
+"""Trace: records every op of every device as spans on one host clock, harvested in the background, never syncing.
+
+The front end reports each op as it is enqueued (``op_begin`` / ``op_end``) with the backend's completion handle. A
+harvester thread polls those handles (a non-blocking query) and, once an op is done, turns its device-clock start and
+end into host-clock nanoseconds using one clock sample per device taken when the device first appears in the trace.
+Where CUPTI is available on CUDA, spans come from its activity records instead (see ``trace/cupti.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from .spans import COLUMNS, KIND_CODE, KINDS, MEMORY_COLUMNS, Span, empty_memory_table, spans_of, table_from_records
+
+#: Traces currently recording. The front end checks this list's truthiness before doing any tracing work.
+ACTIVE: list["Trace"] = []
+_ACTIVE_LOCK = threading.Lock()
+_IDS = itertools.count(1)
+
+
+@dataclass
+class DeviceClock:
+    """How one device's timestamps map onto the trace's host clock, and where they came from."""
+
+    key: str  # "cuda:0"
+    name: str
+    source: str  # "cupti", "events", "profiling", "perf_counter"
+    offset_ns: int = 0  # device_ns - host_ns
+    error_ns: int = 0  # alignment uncertainty (half the bracket of the clock sample)
+    note: str = ""  # e.g. why CUPTI was not used and what the fallback's bias is
+
+
+@dataclass
+class _Pending:
+    """An op whose span is not known yet."""
+
+    op_id: int
+    device: int
+    stream: int
+    kind: int
+    nbytes: int
+    name: str
+    pinned: int
+    enqueue_ns: int
+    completion: Any
+    cupti: bool = False
+    done_cycle: int = -1
+    start: int = -1
+    end: int = -1
+
+
+class _Columns:
+    """Columnar storage that grows to ``capacity`` rows and then keeps the newest (a ring), counting what it drops."""
+
+    def __init__(self, schema: Mapping[str, Any], capacity: int) -> None:
+        self.schema, self.capacity = dict(schema), capacity
+        self.size = min(1024, capacity)
+        self.cols = {c: np.zeros(self.size, dtype=dt) for c, dt in self.schema.items()}
+        self.count = 0  # rows ever appended
+        self.dropped = 0
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        if self.count >= self.size and self.size < self.capacity:
+            new = min(self.size * 2, self.capacity)
+            for c, arr in self.cols.items():
+                grown = np.zeros(new, dtype=arr.dtype)
+                grown[: self.size] = arr
+                self.cols[c] = grown
+            self.size = new
+        i = self.count % self.size
+        if self.count >= self.size:
+            self.dropped += 1
+        for c, v in row.items():
+            self.cols[c][i] = v
+        self.count += 1
+
+    def table(self, since: int = 0) -> dict[str, np.ndarray]:
+        """Rows ``since`` (a count of appends) to now, in append order; older dropped rows are gone."""
+        first = max(since, self.count - self.size, 0)
+        idx = np.arange(first, self.count) % max(self.size, 1)
+        return {c: arr[idx].copy() for c, arr in self.cols.items()}
+
+
+@dataclass
+class TraceStats:
+    """Counters that say how complete a trace is."""
+
+    ops: int = 0
+    pending: int = 0
+    dropped: int = 0
+    lost: int = 0  # ops whose span never arrived (e.g. no CUPTI record); listed in warnings
+    harvest_cycles: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+class Trace:
+    """Spans of every op enqueued while active. Use as ``with gw.trace() as t:``; nothing here synchronizes a device.
+
+    ``capacity`` bounds the rows kept (the newest win); ``interval_s`` is the harvester's polling period;
+    ``source`` is "auto" (CUPTI on CUDA where it starts, else events) or "events" to force the fallback.
+    """
+
+    def __init__(self, capacity: int = 1_000_000, interval_s: float = 0.01, source: str = "auto") -> None:
+        if source not in ("auto", "events", "cupti"):
+            raise ValueError(f"trace source must be 'auto', 'events' or 'cupti', not {source!r}")
+        self.id = next(_IDS)
+        self.capacity, self.interval_s, self.source = capacity, interval_s, source
+        self._spans = _Columns(COLUMNS, capacity)
+        self._memory = _Columns(MEMORY_COLUMNS, capacity)
+        self._pending: deque[_Pending] = deque()
+        self._waiting: list[_Pending] = []
+        self._lock = threading.Lock()
+        self._devices: dict[int, DeviceClock] = {}  # trace device number -> clock
+        self._device_numbers: dict[int, int] = {}  # id(Device state) -> trace device number
+        self._stream_labels: dict[tuple[int, int], str] = {}
+        self._cupti: Any = None
+        self._cupti_records: dict[int, list[tuple[int, int, int, int]]] = {}
+        self._cupti_tried = False
+        self._cupti_reason = ""
+        self.stats = TraceStats()
+        self.started_ns = self.stopped_ns = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._op_ids = itertools.count(1)
+        self.version = 0  # bumped whenever spans or memory samples are added
+
+    # ------------------------------------------------------------------ lifetime
+    def start(self) -> "Trace":
+        """Begin recording (the context manager calls this)."""
+        self.started_ns = time.perf_counter_ns()
+        with _ACTIVE_LOCK:
+            ACTIVE.append(self)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._harvest_loop, name=f"gpuworkbench-trace-{self.id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop recording new ops; spans of ops already enqueued keep arriving in the background."""
+        with _ACTIVE_LOCK:
+            if self in ACTIVE:
+                ACTIVE.remove(self)
+        self.stopped_ns = time.perf_counter_ns()
+        self._stop.set()
+
+    def __enter__(self) -> "Trace":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def recording(self) -> bool:
+        return self in ACTIVE
+
+    # ------------------------------------------------------------------ called by the front end
+    def device_number(self, device: Any) -> int:
+        """The trace's number for ``device`` (a gpuworkbench Device), aligning its clock the first time."""
+        key = id(device)
+        number = self._device_numbers.get(key)
+        if number is not None:
+            return number
+        with self._lock:
+            if key in self._device_numbers:
+                return self._device_numbers[key]
+            number = len(self._devices)
+            self._devices[number] = self._align(device)
+            self._device_numbers[key] = number
+            for sid, label in device._stream_labels().items():
+                self._stream_labels[(number, sid)] = label
+        return number
+
+    def _align(self, device: Any) -> DeviceClock:
+        caps = device.caps
+        clock = DeviceClock(key=device.spec, name=device.name, source=caps.timestamps)
+        if caps.timestamps == "events" and self.source in ("auto", "cupti") and device.backend_kind.value == "cuda":
+            reason = self._start_cupti()
+            if self._cupti is not None:
+                cupti_ns, host_ns, err = self._cupti.clock_sample()
+                clock.source, clock.offset_ns, clock.error_ns = "cupti", cupti_ns - host_ns, err
+                return clock
+            clock.note = (
+                f"CUPTI not used ({reason}); spans come from CUDA events, which mark when the stream reached each op, "
+                "not when the copy engine or SMs ran it: kernels can look several µs longer and a copy queued behind "
+                "another stream's copy can look hundreds of µs longer (and falsely overlapping)."
+            )
+            if self.source == "cupti":
+                raise RuntimeError(f"trace source 'cupti' asked for but unavailable: {reason}")
+        sample = device._backend.clock_sample()
+        clock.offset_ns, clock.error_ns = sample.device_ns - sample.host_ns, sample.error_ns
+        return clock
+
+    def _start_cupti(self) -> str:
+        if self._cupti_tried:
+            return self._cupti_reason
+        self._cupti_tried = True
+        try:
+            from .cupti import CuptiSource, CuptiUnavailable
+        except ImportError as exc:  # pragma: no cover - the module ships with the package
+            self._cupti_reason = str(exc)
+            return self._cupti_reason
+        try:
+            source = CuptiSource()
+            source.start()
+        except CuptiUnavailable as exc:
+            self._cupti_reason = str(exc)
+            return self._cupti_reason
+        self._cupti = source
+        return ""
+
+    def uses_cupti(self, device_number: int) -> bool:
+        return self._devices[device_number].source == "cupti"
+
+    def op_begin(self, device_number: int) -> int:
+        """Reserve an op id; on a CUPTI device it is pushed as the external correlation id of what follows."""
+        op_id = next(self._op_ids)
+        if self._cupti is not None and self._devices[device_number].source == "cupti":
+            self._cupti.push_external_id(op_id)
+        return op_id
+
+    def op_abort(self, op_id: int, device_number: int) -> None:
+        """The backend refused the op after ``op_begin``: undo the external-id push, record nothing."""
+        if self._cupti is not None and self._devices[device_number].source == "cupti":
+            self._cupti.pop_external_id()
+
+    def op_end(
+        self,
+        op_id: int,
+        device_number: int,
+        stream: int,
+        kind: str,
+        nbytes: int,
+        name: str,
+        pinned: int,
+        enqueue_ns: int,
+        completion: Any,
+    ) -> None:
+        """Hand over an enqueued op; its span is filled in once the completion reports done."""
+        cupti = self._cupti is not None and self._devices[device_number].source == "cupti"
+        if cupti:
+            self._cupti.pop_external_id()
+        self._pending.append(
+            _Pending(op_id, device_number, stream, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, cupti)
+        )
+        self.stats.ops += 1
+
+    def host_event(self, device_number: int, kind: str, nbytes: int, name: str, start_ns: int, end_ns: int) -> None:
+        """Record a host-side event (alloc, free, marker) that took place between two host times."""
+        with self._lock:
+            self._append_span(device_number, -1, KIND_CODE[kind], start_ns, end_ns, start_ns, nbytes, name, -1)
+
+    def memory_sample(self, device_number: int, held: int, used: int) -> None:
+        """Record the bytes the workbench holds on a device (and the device's used total, -1 if unknown) now."""
+        with self._lock:
+            row = {"device": device_number, "t_ns": time.perf_counter_ns(), "held_bytes": held, "used_bytes": used}
+            self._memory.append(row)
+            self.version += 1
+
+    def label_stream(self, device_number: int, stream: int, label: str) -> None:
+        self._stream_labels[(device_number, stream)] = label
+
+    # ------------------------------------------------------------------ harvesting
+    def _append_span(self, dev: int, stream: int, kind: int, start: int, end: int, enq: int, nbytes: int, name, pin):
+        self._spans.append(
+            {
+                "kind": kind,
+                "device": dev,
+                "stream": stream,
+                "start_ns": start,
+                "end_ns": end,
+                "enqueue_ns": enq,
+                "bytes": nbytes,
+                "name": name,
+                "pinned": pin,
+            }
+        )
+        self.version += 1
+
+    def _harvest_loop(self) -> None:
+        while True:
+            stopping = self._stop.wait(self.interval_s)
+            try:
+                self.harvest()
+            except Exception as exc:  # noqa: BLE001 - a harvester crash must be visible, not silent
+                self.stats.warnings.append(f"harvester error: {exc!r}")
+                warnings.warn(f"gpuworkbench trace harvester error: {exc!r}", RuntimeWarning, stacklevel=1)
+            if stopping and not self._pending and not self._waiting:
+                self._finish_cupti()
+                return
+
+    def harvest(self) -> int:
+        """Turn finished ops into spans (non-blocking); returns how many spans were added."""
+        self.stats.harvest_cycles += 1
+        cycle = self.stats.harvest_cycles
+        if self._cupti is not None:
+            for rec in self._cupti.flush():
+                ext = rec.get("external_id", -1)
+                if ext > 0:
+                    self._cupti_records.setdefault(ext, []).append(
+                        (rec["start_ns"], rec["end_ns"], rec.get("bytes", 0), rec.get("pinned", -1))
+                    )
+        while self._pending:
+            self._waiting.append(self._pending.popleft())
+        added = 0
+        keep: list[_Pending] = []
+        for p in self._waiting:
+            if p.done_cycle < 0:
+                if not p.completion.done():
+                    keep.append(p)
+                    continue
+                p.done_cycle = cycle
+            if p.cupti:
+                records = self._cupti_records.get(p.op_id)
+                # Records of a finished op may arrive one flush later; after a few cycles give up and say so.
+                if (records is None or cycle - p.done_cycle < 1) and cycle - p.done_cycle < 50:
+                    keep.append(p)
+                    continue
+                records = self._cupti_records.pop(p.op_id, None)
+                if not records:
+                    self.stats.lost += 1
+                    self._warn_once(f"no CUPTI record arrived for some ops (first: {p.name!r}); they are missing")
+                    continue
+                start = min(r[0] for r in records)
+                end = max(r[1] for r in records)
+            else:
+                times = p.completion.times_ns()
+                if times is None:
+                    self.stats.lost += 1
+                    self._warn_once(f"an op finished without timestamps ({p.name!r}); it is missing")
+                    continue
+                start, end = times
+            offset = self._devices[p.device].offset_ns
+            with self._lock:
+                self._append_span(
+                    p.device, p.stream, p.kind, start - offset, end - offset, p.enqueue_ns, p.nbytes, p.name, p.pinned
+                )
+            added += 1
+        self._waiting = keep
+        self.stats.pending = len(keep) + len(self._pending)
+        self.stats.dropped = self._spans.dropped
+        return added
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self.stats.warnings:
+            self.stats.warnings.append(message)
+
+    def _finish_cupti(self) -> None:
+        if self._cupti is not None:
+            self._cupti.stop()
+
+    def wait_pending(self, timeout_s: float = 30.0) -> bool:
+        """Block until every recorded op has its span (the ops themselves must finish); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._pending or self._waiting:
+            if self._thread is None or not self._thread.is_alive():
+                self.harvest()
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(self.interval_s / 2)
+        return True
+
+    # ------------------------------------------------------------------ reading
+    def table(self, since: int = 0, wait: bool = True) -> dict[str, np.ndarray]:
+        """The spans as columns (see ``trace/spans.py``); waits for pending ops when ``wait`` and not recording."""
+        if wait and not self.recording:
+            self.wait_pending()
+        with self._lock:
+            return self._spans.table(since)
+
+    def memory_table(self) -> dict[str, np.ndarray]:
+        with self._lock:
+            return self._memory.table() if self._memory.count else empty_memory_table()
+
+    @property
+    def spans(self) -> list[Span]:
+        """Every span, as Span objects in completion order."""
+        return spans_of(self.table())
+
+    def __iter__(self) -> Iterator[Span]:
+        return iter(self.spans)
+
+    def __len__(self) -> int:
+        return min(self._spans.count, self._spans.size)
+
+    @property
+    def devices(self) -> dict[int, DeviceClock]:
+        return dict(self._devices)
+
+    @property
+    def stream_labels(self) -> dict[tuple[int, int], str]:
+        return dict(self._stream_labels)
+
+    def to_dataframe(self):  # noqa: ANN201 - pandas is optional
+        """The spans as a pandas DataFrame (needs pandas)."""
+        import pandas as pd
+
+        t = self.table()
+        frame = pd.DataFrame({c: t[c] for c in COLUMNS})
+        frame["kind"] = [KINDS[k] for k in t["kind"]]
+        frame["duration_ns"] = t["end_ns"] - t["start_ns"]
+        return frame
+
+    def to_chrome_trace(self, path: str | None = None) -> dict:
+        """Write (and return) the trace as Chrome-trace JSON in the Kineto layout; Perfetto opens it."""
+        from .export import chrome_trace
+
+        return chrome_trace(self, path)
+
+    def summary(self, window: tuple[int, int] | None = None):  # noqa: ANN201 - analysis.Summary
+        """Overlap, idle, pipeline efficiency and advice (DESIGN §6)."""
+        from .analysis import summarize
+
+        return summarize(self.table(), window=window)
+
+    @classmethod
+    def from_records(cls, records: Any, device_names: Mapping[int, str] | None = None) -> "Trace":
+        """A finished trace built from dicts (kind, stream, start_ns, end_ns, ...), e.g. to analyse by hand."""
+        t = cls()
+        table = table_from_records(records)
+        for i in range(len(table["kind"])):
+            t._spans.append({c: table[c][i] for c in COLUMNS})
+        for dev in sorted(set(int(d) for d in table["device"])) or [0]:
+            name = (device_names or {}).get(dev, f"device {dev}")
+            t._devices[dev] = DeviceClock(key=f"device:{dev}", name=name, source="records")
+        return t
+
+    def __repr__(self) -> str:
+        state = "recording" if self.recording else "stopped"
+        return f"<Trace {self.id}: {len(self)} spans, {self.stats.pending} pending, {state}>"
+
+
+def active() -> list[Trace]:
+    """The traces recording now."""
+    return list(ACTIVE)
