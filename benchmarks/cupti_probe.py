@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-import gpuworkbench.trace.cupti as cupti_mod
+from gpuworkbench.trace import cupti as cupti_mod  # (gpuworkbench.trace is also a function: no `import a.b.c as`)
 from gpuworkbench.trace.cupti import CuptiSource, CuptiUnavailable
 
 SPIN_SRC = r"""
@@ -60,15 +60,19 @@ def main() -> int:
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--poll-ms", type=float, default=3.0)
     ap.add_argument("--launches", type=int, default=2000, help="empty kernels for the launch-overhead figure")
-    ap.add_argument("--extra-kinds", default="", help="comma-separated extra ActivityKind names (diagnostic)")
+    ap.add_argument("--gate-ms", type=float, default=10.0, help="spin that holds both streams before paired ops")
+    ap.add_argument("--no-carriers", action="store_true", help="no DRIVER/RUNTIME records (no external ids)")
+    ap.add_argument("--no-api-filter", action="store_true", help="carrier records for every API call")
     ap.add_argument("--quiet", action="store_true", help="summary only, no record table")
     args = ap.parse_args()
 
     ok, why = CuptiSource.available()
     print(f"available: {ok} ({why})")
-    if args.extra_kinds:
-        cupti_mod._EXTRA_KINDS = tuple(k.strip() for k in args.extra_kinds.split(",") if k.strip())
-        print(f"extra kinds: {cupti_mod._EXTRA_KINDS}")
+    if args.no_carriers:
+        cupti_mod.API_CARRIER_KINDS = ()
+    if args.no_api_filter:
+        cupti_mod.API_FILTER = False
+    print(f"config: carriers {cupti_mod.API_CARRIER_KINDS}, api filter {cupti_mod.API_FILTER}, poll {args.poll_ms} ms")
 
     import cupy as cp
 
@@ -114,20 +118,38 @@ def main() -> int:
     except CuptiUnavailable as exc:
         print(f"CuptiUnavailable: {exc}")
         return 1
+    print(f"started; api_filtered={src.api_filtered}")
     try:
         CuptiSource().start()
         print("second start: NOT refused (unexpected)")
     except CuptiUnavailable as exc:
         print(f"second start refused as designed: {exc}")
 
+    # Launch cost with CUPTI on and nobody flushing, then one uncontended flush of all those records.
+    quiet_launch = launch_cost_us(False)
+    quiet_tagged = launch_cost_us(True)
+    time.sleep(0.01)
+    t0 = time.perf_counter_ns()
+    quiet_recs = src.flush()
+    quiet_flush_us = (time.perf_counter_ns() - t0) / 1e3
+    t0 = time.perf_counter_ns()
+    quiet_recs += src.flush()
+    quiet_flush2_us = (time.perf_counter_ns() - t0) / 1e3
+    t0 = time.perf_counter_ns()
+    quiet_recs += src.flush()
+    quiet_flush3_us = (time.perf_counter_ns() - t0) / 1e3
+    quiet_joined = sum(1 for r in quiet_recs if r["external_id"] >= 1_000_000)
+
     poller = Poller(src, args.poll_ms / 1e3)
     poller.start()
     host_t0 = time.perf_counter_ns()
 
     expected: dict[int, str] = {}
+    enqueue_at: dict[int, int] = {}
 
     def tagged(ext_id: int, what: str, fn: Any) -> None:
         expected[ext_id] = what
+        enqueue_at[ext_id] = time.perf_counter_ns()
         src.push_external_id(ext_id)
         try:
             fn()
@@ -140,8 +162,17 @@ def main() -> int:
                 spin((1,), (1,), (np.uint64(ns),))
         return go
 
+    def gate() -> None:
+        """Hold s1 and s2 behind one long spin so that the next pair of ops becomes ready together."""
+        spin_on(s1, int(args.gate_ms * 1e6))()
+        ev = cp.cuda.Event(disable_timing=True)
+        ev.record(s1)
+        s2.wait_event(ev)
+
+    gate()
     tagged(1, f"spin {spin_ns / 1e3:.0f}us s1", spin_on(s1, spin_ns))
     tagged(2, f"spin {spin_ns / 1e3:.0f}us s2", spin_on(s2, spin_ns))
+    gate()
     tagged(3, "pinned H2D s1", lambda: cp.cuda.runtime.memcpyAsync(d_a.data.ptr, pin_a.ptr, n, h2d_kind, s1.ptr))
     tagged(4, "pinned H2D s2", lambda: cp.cuda.runtime.memcpyAsync(d_b.data.ptr, pin_b.ptr, n, h2d_kind, s2.ptr))
     tagged(5, "pinned D2H s1", lambda: cp.cuda.runtime.memcpyAsync(pin_c.ptr, d_a.data.ptr, n, d2h_kind, s1.ptr))
@@ -193,8 +224,14 @@ def main() -> int:
     print(f"final flush in main thread (after sync): {len(more)} records in {one_flush_us:.1f} us; after stop: "
           f"{len(after_stop)} records; incomplete dropped {src.incomplete_records}; callback errors "
           f"{src.callback_errors} {src.last_callback_error}")
-    print(f"launch cost per empty kernel: untraced {base_launch:.2f} us, traced {traced_launch:.2f} us, "
-          f"traced + push/pop {tagged_launch:.2f} us")
+    print(f"launch cost per empty kernel ({args.launches} launches): untraced {base_launch:.2f} us; CUPTI on, no "
+          f"flushing: {quiet_launch:.2f} us, + push/pop {quiet_tagged:.2f} us; CUPTI on while the poller flushes: "
+          f"{traced_launch:.2f} us, + push/pop {tagged_launch:.2f} us")
+    print(f"uncontended flushes after those {2 * args.launches} launches: {len(quiet_recs)} records "
+          f"({quiet_joined} with their external id) in {quiet_flush_us:.1f} + {quiet_flush2_us:.1f} + "
+          f"{quiet_flush3_us:.1f} us")
+    print(f"host enqueue gap between spin ext 1 and ext 2: {(enqueue_at[2] - enqueue_at[1]) / 1e3:.1f} us; "
+          f"between H2D ext 3 and ext 4: {(enqueue_at[4] - enqueue_at[3]) / 1e3:.1f} us")
     print(f"records seen by the poller before any synchronize: {seen_before_sync} "
           f"(tagged ops enqueued {(enqueue_done - host_t0) / 1e6:.2f} ms after start; ids seen: "
           f"{sorted(i for i in seen_ids_before_sync if 0 <= i < 100)})")
@@ -220,8 +257,8 @@ def main() -> int:
                   f"{r['cupti_stream']:>4} {(r['start_ns'] - t_base) / 1e3:>10.2f} {dur:>10.3f} {r['bytes']:>10} "
                   f"{gbs:>7} {r['pinned']:>3} {r['name']}")
     tagged_launch_recs = sum(1 for r in records if r["external_id"] >= 1_000_000)
-    print(f"\nlaunch-loop records: {tagged_launch_recs} tagged (of {args.launches}), untagged records: "
-          f"{len(untagged)} (expected {2 * args.launches}: two untagged launch loops)")
+    print(f"\nlaunch-loop records while polling: {tagged_launch_recs} with their external id (of {args.launches}); "
+          f"untagged records: {len(untagged)} (expected {args.launches} + 2 gate spins)")
     missing = sorted(set(expected) - set(by_id))
     print(f"external ids joined: {len(by_id)}/{len(expected)}; missing: {missing}")
 

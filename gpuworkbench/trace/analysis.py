@@ -98,7 +98,8 @@ def _sweep(parts: list[Intervals], weights: list[int], points: tuple[int, ...] =
     order = np.argsort(times, kind="stable")
     times = times[order]
     values = np.cumsum(deltas[order])
-    last_at_time = np.append(times[1:] != times[:-1], True)
+    last_at_time = np.ones(times.size, dtype=bool)
+    last_at_time[:-1] = times[1:] != times[:-1]
     return times[last_at_time], values[last_at_time]
 
 

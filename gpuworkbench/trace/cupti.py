@@ -14,8 +14,15 @@ from typing import Any
 
 #: Activity kinds enabled by :meth:`CuptiSource.start`, by their ``cupti.ActivityKind`` names.
 ACTIVITY_KINDS: tuple[str, ...] = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "EXTERNAL_CORRELATION")
-#: Further kinds enabled after those (their records are discarded); empty unless a CUPTI needs them for correlation.
-_EXTRA_KINDS: tuple[str, ...] = ()
+#: API record kinds enabled as carriers: CUPTI emits EXTERNAL_CORRELATION records only for API calls it records.
+#: Their records are discarded in the buffer callback.
+API_CARRIER_KINDS: tuple[str, ...] = ("DRIVER", "RUNTIME")
+#: Restrict the carriers to the API calls that enqueue device work (names by prefix), to keep buffers small.
+API_FILTER = True
+_API_PREFIXES: dict[str, tuple[str, ...]] = {
+    "driver": ("cuLaunch", "cuMemcpy", "cuMemset", "cuGraphLaunch"),
+    "runtime": ("cudaLaunch", "cudaMemcpy", "cudaMemset", "cudaGraphLaunch"),
+}
 #: Size of each activity buffer handed to CUPTI (a kernel record is a few hundred bytes).
 BUFFER_BYTES = 4 << 20
 #: Flushes an activity record waits for its external id before it is handed out with ``external_id`` -1.
@@ -84,15 +91,17 @@ class CuptiSource:
         self._enabled: list[Any] = []
         self._lock = threading.Lock()  # guards _incoming and _incoming_ext (written on CUPTI's thread)
         self._flush_lock = threading.Lock()  # serializes flush() and guards the join state below
-        self._incoming: list[tuple[dict[str, Any], int]] = []
+        self._incoming: list[tuple[dict[str, Any], int, int]] = []
         self._incoming_ext: list[tuple[int, int]] = []
-        self._held: list[tuple[dict[str, Any], int, int]] = []
+        self._held: list[tuple[dict[str, Any], int, int, int]] = []
         self._ext_map: dict[int, tuple[int, int]] = {}
         self._flush_index = 0
         self._pushed = False
         self._push: Any = None
         self._pop: Any = None
         self._ext_kind = 0
+        #: Whether the API carrier records are limited to the calls that enqueue device work.
+        self.api_filtered = False
         #: Records dropped because CUPTI had no valid start/end for them (e.g. cut off by a forced flush).
         self.incomplete_records = 0
         #: Records that failed to convert in the buffer callback, and the last such error.
@@ -148,10 +157,11 @@ class CuptiSource:
                 self._host_dst = {int(cupti.ActivityMemcpyKind.DTOH), int(cupti.ActivityMemcpyKind.ATOH)}
                 _ACTIVE = self  # before enabling, so that no buffer completes without a receiver
                 cupti.activity_register_callbacks(_on_buffer_requested, _on_buffer_completed)
-                for name in ACTIVITY_KINDS + _EXTRA_KINDS:
+                for name in ACTIVITY_KINDS + API_CARRIER_KINDS:
                     kind = cupti.ActivityKind[name]
                     cupti.activity_enable(kind)
                     self._enabled.append(kind)
+                self.api_filtered = API_FILTER and bool(API_CARRIER_KINDS) and self._filter_api(True)
             except Exception as exc:  # cuptiError, or libcupti failing to load
                 self._disable_all()
                 _ACTIVE = None
@@ -242,14 +252,37 @@ class CuptiSource:
             with contextlib.suppress(Exception):
                 self._cupti.activity_disable(kind)
         self._enabled = []
+        if self.api_filtered:
+            self._filter_api(False)
+            self.api_filtered = False
+
+    def _filter_api(self, on: bool) -> bool:
+        """Record only the device-work API calls (``on``) or every call again; False if this CUPTI cannot."""
+        cupti = self._cupti
+        try:
+            for domain, enum_cls, set_api in (
+                ("driver", cupti.driver_api_trace_cbid, cupti.activity_enable_driver_api),
+                ("runtime", cupti.runtime_api_trace_cbid, cupti.activity_enable_runtime_api),
+            ):
+                prefixes = _API_PREFIXES[domain]
+                for member in enum_cls:
+                    name = member.name
+                    if name in ("INVALID", "SIZE", "FORCE_INT"):
+                        continue
+                    keep = not on or (name.startswith(prefixes) and "HostFunc" not in name)
+                    set_api(int(member), int(keep))
+        except Exception:  # noqa: BLE001  (an older CUPTI without per-API switches: records every call)
+            return False
+        return True
 
     def _ingest(self, activities: Any) -> None:
         """Buffer-completed callback body: convert records to dicts at once (the buffer is reused afterwards)."""
-        recs: list[tuple[dict[str, Any], int]] = []
+        recs: list[tuple[dict[str, Any], int, int]] = []
         ext: list[tuple[int, int]] = []
         for act in activities:
             try:
                 kind = act.kind
+                runtime_corr = 0
                 if kind == self._k_ext:
                     if act.external_kind == self._ext_kind:
                         ext.append((int(act.correlation_id), int(act.external_id)))
@@ -266,10 +299,11 @@ class CuptiSource:
                     else:
                         pinned = -1
                     name, nbytes = "", int(act.bytes)
+                    runtime_corr = int(act.runtime_correlation_id)
                 elif kind == self._k_memset:
                     name, nbytes, pinned, span_kind = "", int(act.bytes), -1, "memset"
                 else:
-                    continue  # _EXTRA_KINDS records
+                    continue  # API carrier records
                 start, end = int(act.start), int(act.end)
                 if start <= 0 or end < start:
                     self.incomplete_records += 1
@@ -278,7 +312,7 @@ class CuptiSource:
                     "kind": span_kind, "start_ns": start, "end_ns": end, "external_id": -1, "bytes": nbytes,
                     "name": name, "pinned": pinned, "cupti_stream": int(act.stream_id), "device": int(act.device_id),
                 }
-                recs.append((rec, int(act.correlation_id)))
+                recs.append((rec, int(act.correlation_id), runtime_corr))
             except Exception as exc:  # noqa: BLE001  never let an exception escape into CUPTI's thread
                 self.callback_errors += 1
                 self.last_callback_error = f"{type(exc).__name__}: {exc}"
@@ -287,7 +321,7 @@ class CuptiSource:
             self._incoming_ext.extend(ext)
 
     def _join(
-        self, incoming: list[tuple[dict[str, Any], int]], ext: list[tuple[int, int]], final: bool
+        self, incoming: list[tuple[dict[str, Any], int, int]], ext: list[tuple[int, int]], final: bool
     ) -> list[dict[str, Any]]:
         """Attach external ids by correlation id; hold unmatched records for up to HOLD_FLUSHES flushes."""
         self._flush_index += 1
@@ -297,14 +331,14 @@ class CuptiSource:
             ext_map[corr] = (ext_id, now)
         wait = self._pushed and not final
         out: list[dict[str, Any]] = []
-        held: list[tuple[dict[str, Any], int, int]] = []
-        for rec, corr, born in self._held + [(rec, corr, now) for rec, corr in incoming]:
-            hit = ext_map.get(corr)
+        held: list[tuple[dict[str, Any], int, int, int]] = []
+        for rec, corr, runtime_corr, born in self._held + [(r, c, rc, now) for r, c, rc in incoming]:
+            hit = ext_map.get(corr) or (ext_map.get(runtime_corr) if runtime_corr else None)
             if hit is not None:
                 rec["external_id"] = hit[0]
                 out.append(rec)
             elif wait and now - born < HOLD_FLUSHES:
-                held.append((rec, corr, born))
+                held.append((rec, corr, runtime_corr, born))
             else:
                 out.append(rec)
         self._held = held

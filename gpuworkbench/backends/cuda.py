@@ -1,0 +1,390 @@
+"""The CUDA backend (CuPy): cudaMalloc'd buffers, non-blocking streams, pooled events, NVRTC kernels.
+
+Timed ops are bracketed by two pooled CUDA events and measured against a per-device epoch event; this is the
+fallback timing source (CUPTI, used by the trace when present, is exact). Copies from pageable host memory are staged
+through pinned chunks filled by several threads, which is much faster than the driver's own pageable path.
+The ROCm backend (``rocm.py``) reuses this file with CuPy's HIP build.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import CompileError, InvalidArgument, OutOfMemory
+from .base import Backend, BackendDevice, BufferArg, Caps, ClockSample, DeviceInfo, wrap_pinned
+
+CAPS = Caps(
+    concurrent_streams=True,
+    pinned_memory=True,
+    memory_free_known=True,
+    graphs="none",
+    timestamps="events",
+    kernel_language="cuda",
+    device_pointers=True,
+)
+_H2D, _D2H, _D2D = 1, 2, 3  # cudaMemcpyKind
+_STAGE_MIN = 1 << 20  # pageable copies smaller than this go straight to the driver
+_STAGE_CHUNK = 8 << 20
+_STAGE_SLOTS = 4
+_STAGE_THREADS = 4
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
+
+
+class _EventPool:
+    """Reusable CUDA events: creating one costs microseconds, re-recording a pooled one much less."""
+
+    def __init__(self, timing: bool) -> None:
+        self._free: list[Any] = []
+        self._timing = timing
+        self._lock = threading.Lock()
+
+    def take(self) -> Any:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return _cupy().cuda.Event(block=False, disable_timing=not self._timing)
+
+    def give(self, event: Any) -> None:
+        with self._lock:
+            if len(self._free) < 4096:
+                self._free.append(event)
+
+
+class _Epoch:
+    """An event recorded on an idle stream and waited for, paired with the host time it completed at."""
+
+    def __init__(self, event: Any, host_ns: int, error_ns: int) -> None:
+        self.event, self.host_ns, self.error_ns = event, host_ns, error_ns
+
+
+class _CudaCompletion:
+    """An op bracketed by events: ``end`` marks completion; ``start`` (timed ops only) marks when it began."""
+
+    __slots__ = ("end", "start", "epoch", "_pools", "__weakref__")
+
+    def __init__(self, end: Any, start: Any, epoch: _Epoch | None, pools: tuple[_EventPool, _EventPool]) -> None:
+        self.end, self.start, self.epoch, self._pools = end, start, epoch, pools
+
+    def done(self) -> bool:
+        return self.end.done
+
+    def wait(self) -> None:
+        self.end.synchronize()
+
+    def times_ns(self) -> tuple[int, int] | None:
+        if self.start is None or self.epoch is None or not self.end.done:
+            return None
+        cuda = _cupy().cuda
+        base = self.epoch.host_ns
+        return (
+            base + int(cuda.get_elapsed_time(self.epoch.event, self.start) * 1e6),
+            base + int(cuda.get_elapsed_time(self.epoch.event, self.end) * 1e6),
+        )
+
+    def __del__(self) -> None:
+        timed_pool, plain_pool = self._pools
+        if self.start is not None:
+            timed_pool.give(self.start)
+            timed_pool.give(self.end)
+        else:
+            plain_pool.give(self.end)
+
+
+class _Pinned:
+    """Owner of one pinned host allocation (CuPy's pinned memory pointer)."""
+
+    def __init__(self, mem: Any) -> None:
+        self.mem = mem
+
+
+class CudaDevice(BackendDevice):
+    """One CUDA (or HIP) device through CuPy."""
+
+    def __init__(self, info: DeviceInfo, caps: Caps) -> None:
+        cupy = _cupy()
+        self.info, self.caps = info, caps
+        self._id = info.index
+        self._rt = cupy.cuda.runtime
+        self._rt.setDevice(self._id)
+        self._timed_events = _EventPool(timing=True)
+        self._plain_events = _EventPool(timing=False)
+        self._pools = (self._timed_events, self._plain_events)
+        self._clock_stream = cupy.cuda.Stream(non_blocking=True)
+        self._epoch: _Epoch | None = None
+        self._stage_lock = threading.Lock()
+        self._stage_slots: list[tuple[np.ndarray, Any]] | None = None
+        self._stage_threads: ThreadPoolExecutor | None = None
+        self.clock_sample()
+
+    def _use(self) -> None:
+        if self._rt.getDevice() != self._id:
+            self._rt.setDevice(self._id)
+
+    # ------------------------------------------------------------------ memory
+    def memory_info(self) -> tuple[int, int]:
+        self._use()
+        free, total = self._rt.memGetInfo()
+        return int(free), int(total)
+
+    def alloc(self, nbytes: int) -> int:
+        if nbytes == 0:
+            return 0
+        self._use()
+        try:
+            return int(self._rt.malloc(nbytes))
+        except self._rt.CUDARuntimeError as exc:
+            free, total = self.memory_info()
+            if "MemoryAllocation" in str(exc) or "out of memory" in str(exc).lower():
+                raise OutOfMemory(nbytes, free, total, f"{self.info.backend}:{self._id}") from None
+            raise
+
+    def free(self, handle: int) -> None:
+        if handle:
+            self._use()
+            self._rt.free(handle)
+
+    def device_pointer(self, handle: int) -> int:
+        return int(handle)
+
+    def empty_pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        self._use()
+        count = int(np.prod(shape, dtype=np.int64))
+        mem = _cupy().cuda.alloc_pinned_memory(max(count * dtype.itemsize, 1))
+        raw = np.frombuffer(mem, dtype=dtype, count=count).reshape(shape)
+        return wrap_pinned(raw, _Pinned(mem))
+
+    def is_pinned(self, array: np.ndarray) -> bool:
+        if array.nbytes == 0:
+            return True
+        try:
+            attrs = self._rt.pointerGetAttributes(array.ctypes.data)
+        except self._rt.CUDARuntimeError:
+            return False
+        return int(attrs.type) == 1  # cudaMemoryTypeHost: page-locked (ours, CuPy's, PyTorch's or registered)
+
+    # ------------------------------------------------------------------ streams and events
+    def create_stream(self) -> Any:
+        self._use()
+        return _cupy().cuda.Stream(non_blocking=True)
+
+    def destroy_stream(self, stream: Any) -> None:
+        stream.synchronize()
+
+    def _begin(self, stream: Any, timed: bool) -> Any:
+        if not timed:
+            return None
+        start = self._timed_events.take()
+        start.record(stream)
+        return start
+
+    def _finish(self, stream: Any, start: Any) -> _CudaCompletion:
+        end = (self._timed_events if start is not None else self._plain_events).take()
+        end.record(stream)
+        return _CudaCompletion(end, start, self._epoch if start is not None else None, self._pools)
+
+    def record(self, stream: Any) -> _CudaCompletion:
+        self._use()
+        return self._finish(stream, None)
+
+    def wait_event(self, stream: Any, completion: Any) -> None:
+        if isinstance(completion, _CudaCompletion):
+            stream.wait_event(completion.end)
+        else:
+            completion.wait()
+
+    def synchronize_stream(self, stream: Any) -> None:
+        stream.synchronize()
+
+    # ------------------------------------------------------------------ copies
+    def copy_h2d(self, dst: int, offset: int, src: np.ndarray, stream: Any, timed: bool) -> _CudaCompletion:
+        self._use()
+        start = self._begin(stream, timed)
+        nbytes = src.nbytes
+        if nbytes >= _STAGE_MIN and not self.is_pinned(src):
+            self._staged_h2d(dst + offset, src, stream)
+        elif nbytes:
+            self._rt.memcpyAsync(dst + offset, src.ctypes.data, nbytes, _H2D, stream.ptr)
+        return self._finish(stream, start)
+
+    def copy_d2h(self, dst: np.ndarray, src: int, offset: int, stream: Any, timed: bool) -> _CudaCompletion:
+        self._use()
+        start = self._begin(stream, timed)
+        nbytes = dst.nbytes
+        if nbytes >= _STAGE_MIN and not self.is_pinned(dst):
+            self._staged_d2h(dst, src + offset, stream)
+        elif nbytes:
+            self._rt.memcpyAsync(dst.ctypes.data, src + offset, nbytes, _D2H, stream.ptr)
+        return self._finish(stream, start)
+
+    def copy_d2d(
+        self, dst: int, dst_offset: int, src: int, src_offset: int, nbytes: int, stream: Any, timed: bool
+    ) -> _CudaCompletion:
+        self._use()
+        start = self._begin(stream, timed)
+        if nbytes:
+            self._rt.memcpyAsync(dst + dst_offset, src + src_offset, nbytes, _D2D, stream.ptr)
+        return self._finish(stream, start)
+
+    def fill(self, dst: int, nbytes: int, byte: int, stream: Any, timed: bool) -> _CudaCompletion:
+        self._use()
+        start = self._begin(stream, timed)
+        if nbytes:
+            self._rt.memsetAsync(dst, byte, nbytes, stream.ptr)
+        return self._finish(stream, start)
+
+    # ------------------------------------------------------------------ pageable staging
+    def _stage(self) -> tuple[list[tuple[np.ndarray, Any]], ThreadPoolExecutor]:
+        if self._stage_slots is None:
+            slots = []
+            for _ in range(_STAGE_SLOTS):
+                mem = _cupy().cuda.alloc_pinned_memory(_STAGE_CHUNK)
+                slots.append([np.frombuffer(mem, dtype=np.uint8, count=_STAGE_CHUNK), None])
+            self._stage_slots = slots
+            self._stage_threads = ThreadPoolExecutor(_STAGE_THREADS, thread_name_prefix="gpuworkbench-stage")
+        return self._stage_slots, self._stage_threads
+
+    def _parallel_copy(self, pool: ThreadPoolExecutor, dst: np.ndarray, src: np.ndarray) -> None:
+        """memcpy with several threads (NumPy releases the GIL), as one thread cannot fill PCIe from pageable memory."""
+        n = dst.nbytes
+        step = -(-n // _STAGE_THREADS)
+        parts = [(i, min(i + step, n)) for i in range(0, n, step)]
+        list(pool.map(lambda r: np.copyto(dst[r[0] : r[1]], src[r[0] : r[1]]), parts))
+
+    def _staged_h2d(self, dst_ptr: int, src: np.ndarray, stream: Any) -> None:
+        """Returns once every chunk is staged (as the driver's pageable copy does); the copies run on ``stream``."""
+        flat = src.reshape(-1).view(np.uint8)
+        with self._stage_lock:
+            slots, pool = self._stage()
+            for k, pos in enumerate(range(0, flat.nbytes, _STAGE_CHUNK)):
+                slot = slots[k % _STAGE_SLOTS]
+                if slot[1] is not None:
+                    slot[1].synchronize()  # this pinned chunk's previous upload must have left it
+                n = min(_STAGE_CHUNK, flat.nbytes - pos)
+                self._parallel_copy(pool, slot[0][:n], flat[pos : pos + n])
+                self._rt.memcpyAsync(dst_ptr + pos, slot[0].ctypes.data, n, _H2D, stream.ptr)
+                event = slot[1] or self._plain_events.take()
+                event.record(stream)
+                slot[1] = event
+
+    def _staged_d2h(self, dst: np.ndarray, src_ptr: int, stream: Any) -> None:
+        """Blocks until the data is in ``dst`` (pageable memory cannot be written by the device directly)."""
+        flat = dst.reshape(-1).view(np.uint8)
+        with self._stage_lock:
+            slots, pool = self._stage()
+            inflight: list[tuple[int, int, int]] = []  # (slot, pos, n)
+            for k, pos in enumerate(range(0, flat.nbytes, _STAGE_CHUNK)):
+                i = k % _STAGE_SLOTS
+                if len(inflight) == _STAGE_SLOTS:
+                    self._drain(slots, pool, flat, *inflight.pop(0))
+                slot = slots[i]
+                n = min(_STAGE_CHUNK, flat.nbytes - pos)
+                self._rt.memcpyAsync(slot[0].ctypes.data, src_ptr + pos, n, _D2H, stream.ptr)
+                event = slot[1] or self._plain_events.take()
+                event.record(stream)
+                slot[1] = event
+                inflight.append((i, pos, n))
+            for item in inflight:
+                self._drain(slots, pool, flat, *item)
+
+    def _drain(self, slots: list, pool: ThreadPoolExecutor, flat: np.ndarray, i: int, pos: int, n: int) -> None:
+        slots[i][1].synchronize()
+        self._parallel_copy(pool, flat[pos : pos + n], slots[i][0][:n])
+
+    # ------------------------------------------------------------------ kernels
+    def compile(self, source: Any, name: str, options: Sequence[str]) -> Any:
+        cupy = _cupy()
+        if not isinstance(source, str):
+            raise InvalidArgument(f"the {self.info.backend} backend compiles CUDA C source (a str), not {type(source)}")
+        self._use()
+        try:
+            module = cupy.RawModule(code=source, options=tuple(options))
+            kernel = module.get_function(name)
+            kernel.compile() if hasattr(kernel, "compile") else None
+        except cupy.cuda.compiler.CompileException as exc:
+            raise CompileError(name, exc.get_message() if hasattr(exc, "get_message") else str(exc), source) from None
+        except cupy.cuda.driver.CUDADriverError as exc:
+            raise CompileError(name, f"no kernel named {name!r} in the module ({exc}); use extern \"C\"", source) from None
+        return getattr(kernel, "kernel", kernel)
+
+    def launch(
+        self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: Any, timed: bool
+    ) -> _CudaCompletion:
+        self._use()
+        values = tuple(np.uint64(a.handle) if isinstance(a, BufferArg) else a for a in args)
+        start = self._begin(stream, timed)
+        kernel(grid, block, values, stream=stream)
+        return self._finish(stream, start)
+
+    # ------------------------------------------------------------------ clock
+    def clock_sample(self) -> ClockSample:
+        """Record a new epoch event on an idle private stream; its completion time is bracketed on the host."""
+        self._use()
+        best: _Epoch | None = None
+        for _ in range(3):
+            event = _cupy().cuda.Event()
+            t0 = time.perf_counter_ns()
+            event.record(self._clock_stream)
+            event.synchronize()
+            t1 = time.perf_counter_ns()
+            epoch = _Epoch(event, (t0 + t1) // 2, (t1 - t0) // 2)
+            if best is None or epoch.error_ns < best.error_ns:
+                best = epoch
+        assert best is not None
+        self._epoch = best
+        return ClockSample(best.host_ns, best.host_ns, best.error_ns)
+
+    def close(self) -> None:
+        if self._stage_threads is not None:
+            self._stage_threads.shutdown()
+
+
+class CudaBackend(Backend):
+    """NVIDIA GPUs through CuPy (CuPy's CUDA build)."""
+
+    name = "cuda"
+    caps = CAPS
+
+    def _wants_hip(self) -> bool:
+        return False
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            cupy = _cupy()
+        except ImportError as exc:
+            return False, f"CuPy is not installed ({exc}); pip install 'gpuworkbench[cuda13]' (or cuda12)"
+        if bool(cupy.cuda.runtime.is_hip) != self._wants_hip():
+            return False, "CuPy here is the " + ("HIP (ROCm)" if cupy.cuda.runtime.is_hip else "CUDA") + " build"
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # noqa: BLE001 - no driver, no device: CuPy raises several kinds
+            return False, f"no {self.name.upper()} driver or device answers ({exc})"
+        return (count > 0), "" if count else f"no {self.name.upper()} device found"
+
+    def devices(self) -> list[DeviceInfo]:
+        ok, _ = self.available()
+        if not ok:
+            return []
+        rt = _cupy().cuda.runtime
+        found = []
+        for i in range(rt.getDeviceCount()):
+            props = rt.getDeviceProperties(i)
+            name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+            detail = f"compute capability {props.get('major', '?')}.{props.get('minor', '?')}"
+            found.append(DeviceInfo(self.name, i, name, True, int(props["totalGlobalMem"]), detail))
+        return found
+
+    def open(self, index: int) -> CudaDevice:
+        infos = self.devices()
+        if not 0 <= index < len(infos):
+            raise InvalidArgument(f"{self.name} has {len(infos)} devices; index {index} does not exist")
+        return CudaDevice(infos[index], self.caps)

@@ -1,0 +1,20 @@
+"""The ROCm backend: CuPy's HIP build through the CUDA backend's code, minus what HIP lacks here (graphs)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .cuda import CAPS as CUDA_CAPS
+from .cuda import CudaBackend
+
+CAPS = replace(CUDA_CAPS, graphs="none")
+
+
+class RocmBackend(CudaBackend):
+    """AMD GPUs through CuPy built for ROCm (HIP); kernels are HIP C++ compiled by hiprtc."""
+
+    name = "rocm"
+    caps = CAPS
+
+    def _wants_hip(self) -> bool:
+        return True
