@@ -1,4 +1,4 @@
-"""Tests of trace/analysis.py: exact figures on hand-built traces, and the interval algebra against a brute-force grid."""
+"""Tests of trace/analysis.py: exact figures on hand-built traces; the interval algebra against a brute-force grid."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def trace(*records: dict) -> dict[str, np.ndarray]:
 
 
 def pairs(intervals: tuple[np.ndarray, np.ndarray]) -> list[tuple[int, int]]:
-    return [(int(s), int(e)) for s, e in zip(*intervals)]
+    return [(int(s), int(e)) for s, e in zip(*intervals, strict=True)]
 
 
 def codes(summary: Summary) -> list[str]:
@@ -298,7 +298,7 @@ def test_bad_arguments_raise_value_errors():
 def test_state_segments_cover_the_window_idle_included():
     table = trace(span("h2d", 1, 0, 100), span("kernel", 2, 50, 150), span("d2h", 1, 200, 300))
     segments = state_segments(table)
-    assert list(zip(segments["start_ns"], segments["end_ns"], segments["state"])) == [
+    assert list(zip(segments["start_ns"], segments["end_ns"], segments["state"], strict=True)) == [
         (0, 50, "H"),
         (50, 100, "H+K"),
         (100, 150, "K"),

@@ -91,8 +91,8 @@ def _sweep(parts: list[Intervals], weights: list[int], points: tuple[int, ...] =
     """
     times = np.concatenate([p[0] for p in parts] + [p[1] for p in parts] + [np.asarray(points, dtype=np.int64)])
     deltas = np.concatenate(
-        [np.full(p[0].size, w, dtype=np.int64) for p, w in zip(parts, weights)]
-        + [np.full(p[1].size, -w, dtype=np.int64) for p, w in zip(parts, weights)]
+        [np.full(p[0].size, w, dtype=np.int64) for p, w in zip(parts, weights, strict=True)]
+        + [np.full(p[1].size, -w, dtype=np.int64) for p, w in zip(parts, weights, strict=True)]
         + [np.zeros(len(points), dtype=np.int64)]
     )
     order = np.argsort(times, kind="stable")
@@ -147,6 +147,11 @@ def total_length(a: Intervals) -> int:
     return int(np.sum(a[1] - a[0]))
 
 
+def _covered(states: dict[str, int], *engines: str) -> int:
+    """Time (ns) during which any of ``engines`` ("H", "D", "K") was busy, read off the 8 states."""
+    return sum(ns for state, ns in states.items() if any(e in state.split("+") for e in engines))
+
+
 # --- advice and summaries -----------------------------------------------------------------------------------------
 
 
@@ -174,41 +179,41 @@ class DeviceSummary:
     device: int
     window_start_ns: int
     window_end_ns: int
-    window_source: str
-    window_ns: int
-    overlap_pct: float | None
-    exposed_copy_ns: int
-    h2d_overlap_pct: float | None
-    d2h_overlap_pct: float | None
-    idle_pct: float | None
-    states: dict[str, int]
-    pipeline_efficiency: float | None
-    stream_busy: dict[int, float]
-    bandwidth_gbps: dict[str, float | None]
-    op_counts: dict[str, int]
-    gap_ns: dict[int, dict[str, int]]
-    gap_counts: dict[str, int]
+    window_source: str  # "ops" or "cell"
+    window_ns: int  # |W|
+    overlap_pct: float | None  # 100·|C ∩ K| / |C|; None without copies
+    exposed_copy_ns: int  # |C \ K|
+    h2d_overlap_pct: float | None  # 100·|H ∩ K| / |H|
+    d2h_overlap_pct: float | None  # 100·|D ∩ K| / |D|
+    idle_pct: float | None  # 100·(|W| − |A|) / |W|; None when |W| = 0
+    states: dict[str, int]  # the 8 states (STATES) -> ns; sums to window_ns
+    pipeline_efficiency: float | None  # max(|H|, |K|, |D|) / |W|: the busiest engine's share (fill/drain not known)
+    stream_busy: dict[int, float]  # stream -> |S| / |W| (0–1), S the union of that stream's ops
+    bandwidth_gbps: dict[str, float | None]  # "h2d"/"d2h" -> bytes / summed copy durations (bytes/ns = GB/s)
+    op_counts: dict[str, int]  # kind -> spans in the window, alloc/free/marker included
+    gap_ns: dict[int, dict[str, int]]  # stream -> gap cause -> ns
+    gap_counts: dict[str, int]  # gap cause -> number of gaps on all streams
     advice: list[Advice]
 
     @property
     def kernel_ns(self) -> int:
         """|K|: time some kernel, device copy or memset ran."""
-        return sum(ns for state, ns in self.states.items() if "K" in state)
+        return _covered(self.states, "K")
 
     @property
     def h2d_ns(self) -> int:
         """|H|: time some host-to-device copy ran."""
-        return sum(ns for state, ns in self.states.items() if "H" in state)
+        return _covered(self.states, "H")
 
     @property
     def d2h_ns(self) -> int:
         """|D|: time some device-to-host copy ran."""
-        return sum(ns for state, ns in self.states.items() if "D" in state)
+        return _covered(self.states, "D")
 
     @property
     def copy_ns(self) -> int:
         """|C| = |H ∪ D|."""
-        return sum(ns for state, ns in self.states.items() if "H" in state or "D" in state)
+        return _covered(self.states, "H", "D")
 
     @property
     def active_ns(self) -> int:
@@ -290,6 +295,7 @@ def _forward(name: str) -> property:
 
 for _name in _FORWARDED:
     setattr(Summary, _name, _forward(_name))
+del _name
 
 
 # --- per-device columns -------------------------------------------------------------------------------------------
@@ -459,11 +465,8 @@ def _bandwidth(spans: _DeviceSpans, code: int) -> float | None:
 def _summarize_device(spans: _DeviceSpans, theta_ns: int) -> DeviceSummary:
     window_ns = spans.w1 - spans.w0
     states = _states(spans)
-    h = states["H"] + states["H+K"] + states["H+D"] + states["H+D+K"]
-    d = states["D"] + states["D+K"] + states["H+D"] + states["H+D+K"]
-    k = states["K"] + states["H+K"] + states["D+K"] + states["H+D+K"]
-    c = window_ns - states["idle"] - states["K"]
-    exposed = states["H"] + states["D"] + states["H+D"]
+    h, d, k, c = _covered(states, "H"), _covered(states, "D"), _covered(states, "K"), _covered(states, "H", "D")
+    exposed = states["H"] + states["D"] + states["H+D"]  # |C \ K|
 
     work = _IS_WORK[spans.kind]
     w_stream, w_start, w_end = spans.stream[work], spans.start[work], spans.end[work]
@@ -474,7 +477,7 @@ def _summarize_device(spans: _DeviceSpans, theta_ns: int) -> DeviceSummary:
     stream_busy: dict[int, float] = {}
     gap_ns: dict[int, dict[str, int]] = {}
     bounds = np.flatnonzero(np.diff(sorted_stream)) + 1
-    for lo, hi in zip(np.append(0, bounds), np.append(bounds, sorted_stream.size)):
+    for lo, hi in zip(np.append(0, bounds), np.append(bounds, sorted_stream.size), strict=True):
         if lo == hi:
             continue
         stream = int(sorted_stream[lo])
@@ -513,11 +516,10 @@ def _summarize_device(spans: _DeviceSpans, theta_ns: int) -> DeviceSummary:
 def summarize(
     table: Mapping[str, np.ndarray], window: tuple[int, int] | None = None, theta_ns: int = DEFAULT_THETA_NS
 ) -> Summary:
-    """Overlap %, exposed copy time, idle %, the 8-state breakdown, pipeline efficiency, stream busy, bandwidths,
-    gap causes and advice, per device (DESIGN §6).
+    """The DESIGN §6 figures of every device in ``table``: overlap, idle, 8 states, efficiency, bandwidth, advice.
 
     ``window`` = (start_ns, end_ns), e.g. a cell's wall time, replaces W = [first op start, last op end]; spans are
-    clipped to it. Vectorised: a 10^6-span table summarises in well under a second.
+    clipped to it. Vectorised, so that a 10^6-span table summarises in well under a second.
     """
     _check_table(table)
     window = _check_window(window)
@@ -566,9 +568,10 @@ def _advise(spans: _DeviceSpans, summary: DeviceSummary, kernel_leads: np.ndarra
         found.append(
             Advice(
                 "pageable-memory",
-                f"{int(pageable.sum())} copies ({_format_bytes(int(spans.bytes[pageable].sum()))}) used pageable host "
-                "memory: such a copy is staged through a driver buffer and cannot overlap with kernels. Allocate the "
-                "host array with dev.empty_pinned(...).",
+                f"{_count(int(pageable.sum()), 'copy', 'copies')} "
+                f"({_format_bytes(int(spans.bytes[pageable].sum()))}) used pageable host memory: such a copy is "
+                "staged through a driver buffer and cannot overlap with kernels. Allocate the host array with "
+                "dev.empty_pinned(...).",
                 device=device,
             )
         )
@@ -671,6 +674,10 @@ def _format_bytes(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n} B"
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def _format_pct(value: float | None) -> str:
