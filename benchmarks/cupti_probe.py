@@ -49,6 +49,54 @@ class Poller(threading.Thread):
             time.sleep(self.period_s)
 
 
+class CallbackTimer:
+    """Wraps the source's buffer callback body: when, how long, on which thread, and a per-record cost probe."""
+
+    def __init__(self, src: CuptiSource) -> None:
+        self.entries: list[tuple[int, int, int, str]] = []  # (entry ns, ns in callback, records, thread name)
+        self.kind = ""
+        self.iter_ns = self.attr_ns = self.read_ns = -1.0
+        self._orig = src._ingest
+        src._ingest = self  # type: ignore[method-assign]
+
+    def __call__(self, acts: Any) -> None:
+        t_entry = t0 = time.perf_counter_ns()
+        n = len(acts) if hasattr(acts, "__len__") else -1
+        if self.iter_ns < 0 and n >= 200:
+            try:
+                self._probe(acts, n)
+            except Exception as exc:  # noqa: BLE001  (a diagnostic must not lose the buffer)
+                self.kind = f"probe failed: {exc!r}"
+            t0 = time.perf_counter_ns()
+        self._orig(acts)
+        self.entries.append((t_entry, time.perf_counter_ns() - t0, n, threading.current_thread().name))
+
+    def _probe(self, acts: Any, n: int) -> None:
+        self.kind = f"{type(acts).__name__} of {type(acts[0]).__name__}"
+        t = time.perf_counter_ns()
+        for _ in acts:
+            pass
+        self.iter_ns = (time.perf_counter_ns() - t) / n
+        t = time.perf_counter_ns()
+        kinds = [a.kind for a in acts]
+        self.attr_ns = (time.perf_counter_ns() - t) / n
+        timed = [a for a, k in zip(acts, kinds, strict=True) if k == kinds[-1]]
+        t = time.perf_counter_ns()
+        for a in timed:
+            (a.correlation_id, a.correlation_id, a.correlation_id)  # noqa: B018
+        self.read_ns = (time.perf_counter_ns() - t) / max(len(timed), 1) / 3
+
+    def report(self) -> None:
+        n = sum(e[2] for e in self.entries)
+        t = sum(e[1] for e in self.entries)
+        threads = sorted({e[3] for e in self.entries})
+        print(
+            f"buffer callbacks: {len(self.entries)} with {n} records (all kinds), {t / 1e6:.1f} ms in our callback "
+            f"({t / max(n, 1) / 1e3:.2f} us/record), threads {threads}; records come as {self.kind}; iterating "
+            f"{self.iter_ns:.0f} ns/record, .kind {self.attr_ns:.0f} ns, other fields {self.read_ns:.0f} ns each"
+        )
+
+
 def overlap_us(a: dict[str, Any], b: dict[str, Any]) -> float:
     """Overlap of two records in µs (negative: the gap between them)."""
     return (min(a["end_ns"], b["end_ns"]) - max(a["start_ns"], b["start_ns"])) / 1e3
@@ -77,14 +125,19 @@ def main() -> int:
     import cupy as cp
 
     dev = cp.cuda.Device(0)
-    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, CuPy {cp.__version__}, "
-          f"driver {cp.cuda.runtime.driverGetVersion()}, runtime {cp.cuda.runtime.runtimeGetVersion()}")
+    print(
+        f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, CuPy {cp.__version__}, "
+        f"driver {cp.cuda.runtime.driverGetVersion()}, runtime {cp.cuda.runtime.runtimeGetVersion()}"
+    )
     mod = cp.RawModule(code=SPIN_SRC)
     spin, empty = mod.get_function("spin_ns"), mod.get_function("empty_kernel")
     s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     n = args.mib * MIB
-    h2d_kind, d2h_kind, d2d_kind = (cp.cuda.runtime.memcpyHostToDevice, cp.cuda.runtime.memcpyDeviceToHost,
-                                    cp.cuda.runtime.memcpyDeviceToDevice)
+    h2d_kind, d2h_kind, d2d_kind = (
+        cp.cuda.runtime.memcpyHostToDevice,
+        cp.cuda.runtime.memcpyDeviceToHost,
+        cp.cuda.runtime.memcpyDeviceToDevice,
+    )
     pin_a, pin_b, pin_c = (cp.cuda.alloc_pinned_memory(n) for _ in range(3))
     pageable = np.ones(n, dtype=np.uint8)
     d_a, d_b, d_c, d_d = (cp.empty(n, dtype=cp.uint8) for _ in range(4))
@@ -119,6 +172,7 @@ def main() -> int:
         print(f"CuptiUnavailable: {exc}")
         return 1
     print(f"started; api_filtered={src.api_filtered}")
+    diag = CallbackTimer(src)
     try:
         CuptiSource().start()
         print("second start: NOT refused (unexpected)")
@@ -129,9 +183,11 @@ def main() -> int:
     quiet_launch = launch_cost_us(False)
     quiet_tagged = launch_cost_us(True)
     time.sleep(0.01)
-    t0 = time.perf_counter_ns()
+    quiet_t0 = time.perf_counter_ns()
     quiet_recs = src.flush()
-    quiet_flush_us = (time.perf_counter_ns() - t0) / 1e3
+    quiet_end = time.perf_counter_ns()
+    quiet_flush_us = (quiet_end - quiet_t0) / 1e3
+    quiet_cb = [e for e in diag.entries if quiet_t0 <= e[0] <= quiet_end]
     t0 = time.perf_counter_ns()
     quiet_recs += src.flush()
     quiet_flush2_us = (time.perf_counter_ns() - t0) / 1e3
@@ -160,6 +216,7 @@ def main() -> int:
         def go() -> None:
             with stream:
                 spin((1,), (1,), (np.uint64(ns),))
+
         return go
 
     def gate() -> None:
@@ -177,8 +234,11 @@ def main() -> int:
     tagged(4, "pinned H2D s2", lambda: cp.cuda.runtime.memcpyAsync(d_b.data.ptr, pin_b.ptr, n, h2d_kind, s2.ptr))
     tagged(5, "pinned D2H s1", lambda: cp.cuda.runtime.memcpyAsync(pin_c.ptr, d_a.data.ptr, n, d2h_kind, s1.ptr))
     tagged(6, "memset s2", lambda: cp.cuda.runtime.memsetAsync(d_b.data.ptr, 7, n, s2.ptr))
-    tagged(7, "pageable H2D s1",
-           lambda: cp.cuda.runtime.memcpyAsync(d_c.data.ptr, pageable.ctypes.data, n, h2d_kind, s1.ptr))
+    tagged(
+        7,
+        "pageable H2D s1",
+        lambda: cp.cuda.runtime.memcpyAsync(d_c.data.ptr, pageable.ctypes.data, n, h2d_kind, s1.ptr),
+    )
     tagged(8, "D2D s2", lambda: cp.cuda.runtime.memcpyAsync(d_d.data.ptr, d_b.data.ptr, n, d2d_kind, s2.ptr))
     spin_reqs = {1: spin_ns, 2: spin_ns}
     for ext_id, us in ((10, 20), (11, 80), (12, 200), (13, 1000)):
@@ -210,32 +270,57 @@ def main() -> int:
     clocks = [src.clock_sample() for _ in range(200)]
     errs = sorted(c[2] for c in clocks)
     offsets = [c[0] - c[1] for c in clocks]
-    print(f"\nclock_sample error_ns: min {errs[0]}, median {errs[len(errs) // 2]}, max {errs[-1]}; "
-          f"cupti-host offset spread over 200 samples: {max(offsets) - min(offsets)} ns")
+    print(
+        f"\nclock_sample error_ns: min {errs[0]}, median {errs[len(errs) // 2]}, max {errs[-1]}; "
+        f"cupti-host offset spread over 200 samples: {max(offsets) - min(offsets)} ns"
+    )
     c, _, _ = src.clock_sample()
-    print(f"cupti clock minus time.time_ns(): {(c - time.time_ns()) / 1e6:.3f} ms; "
-          f"minus time.monotonic_ns(): {(c - time.monotonic_ns()) / 1e9:.3f} s")
+    print(
+        f"cupti clock minus time.time_ns(): {(c - time.time_ns()) / 1e6:.3f} ms; "
+        f"minus time.monotonic_ns(): {(c - time.monotonic_ns()) / 1e9:.3f} s"
+    )
 
     flush_times = sorted(f[0] * 1e6 for f in poller.flushes)
     busiest = max(poller.flushes, key=lambda f: f[1])
-    print(f"poller: {len(poller.flushes)} flushes every {args.poll_ms} ms, flush time median "
-          f"{statistics.median(flush_times):.1f} us, max {flush_times[-1]:.1f} us; busiest flush returned "
-          f"{busiest[1]} records in {busiest[0] * 1e6:.1f} us")
-    print(f"final flush in main thread (after sync): {len(more)} records in {one_flush_us:.1f} us; after stop: "
-          f"{len(after_stop)} records; incomplete dropped {src.incomplete_records}; callback errors "
-          f"{src.callback_errors} {src.last_callback_error}")
-    print(f"launch cost per empty kernel ({args.launches} launches): untraced {base_launch:.2f} us; CUPTI on, no "
-          f"flushing: {quiet_launch:.2f} us, + push/pop {quiet_tagged:.2f} us; CUPTI on while the poller flushes: "
-          f"{traced_launch:.2f} us, + push/pop {tagged_launch:.2f} us")
-    print(f"uncontended flushes after those {2 * args.launches} launches: {len(quiet_recs)} records "
-          f"({quiet_joined} with their external id) in {quiet_flush_us:.1f} + {quiet_flush2_us:.1f} + "
-          f"{quiet_flush3_us:.1f} us")
-    print(f"host enqueue gap between spin ext 1 and ext 2: {(enqueue_at[2] - enqueue_at[1]) / 1e3:.1f} us; "
-          f"between H2D ext 3 and ext 4: {(enqueue_at[4] - enqueue_at[3]) / 1e3:.1f} us")
-    print(f"records seen by the poller before any synchronize: {seen_before_sync} "
-          f"(tagged ops enqueued {(enqueue_done - host_t0) / 1e6:.2f} ms after start; ids seen: "
-          f"{sorted(i for i in seen_ids_before_sync if 0 <= i < 100)})")
+    print(
+        f"poller: {len(poller.flushes)} flushes every {args.poll_ms} ms, flush time median "
+        f"{statistics.median(flush_times):.1f} us, max {flush_times[-1]:.1f} us; busiest flush returned "
+        f"{busiest[1]} records in {busiest[0] * 1e6:.1f} us"
+    )
+    print(
+        f"final flush in main thread (after sync): {len(more)} records in {one_flush_us:.1f} us; after stop: "
+        f"{len(after_stop)} records; incomplete dropped {src.incomplete_records}; callback errors "
+        f"{src.callback_errors} {src.last_callback_error}"
+    )
+    print(
+        f"launch cost per empty kernel ({args.launches} launches): untraced {base_launch:.2f} us; CUPTI on, no "
+        f"flushing: {quiet_launch:.2f} us, + push/pop {quiet_tagged:.2f} us; CUPTI on while the poller flushes: "
+        f"{traced_launch:.2f} us, + push/pop {tagged_launch:.2f} us"
+    )
+    print(
+        f"uncontended flushes after those {2 * args.launches} launches: {len(quiet_recs)} records "
+        f"({quiet_joined} with their external id) in {quiet_flush_us:.1f} + {quiet_flush2_us:.1f} + "
+        f"{quiet_flush3_us:.1f} us"
+    )
+    if quiet_cb:
+        gap_us = (quiet_cb[0][0] - quiet_t0) / 1e3
+        print(
+            f"  of that first flush: CUPTI + cupti-python before our callback {gap_us:.1f} us, "
+            f"in our callback {sum(e[1] for e in quiet_cb) / 1e3:.1f} us for {sum(e[2] for e in quiet_cb)} "
+            f"records in {len(quiet_cb)} buffer(s), thread {quiet_cb[0][3]}"
+        )
+    diag.report()
+    print(
+        f"host enqueue gap between spin ext 1 and ext 2: {(enqueue_at[2] - enqueue_at[1]) / 1e3:.1f} us; "
+        f"between H2D ext 3 and ext 4: {(enqueue_at[4] - enqueue_at[3]) / 1e3:.1f} us"
+    )
+    print(
+        f"records seen by the poller before any synchronize: {seen_before_sync} "
+        f"(tagged ops enqueued {(enqueue_done - host_t0) / 1e6:.2f} ms after start; ids seen: "
+        f"{sorted(i for i in seen_ids_before_sync if 0 <= i < 100)})"
+    )
 
+    diag.report()
     kinds: dict[str, int] = {}
     for r in records:
         kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
@@ -248,17 +333,23 @@ def main() -> int:
         by_id.setdefault(r["external_id"], []).append(r)
     t_base = min(r["start_ns"] for r in main_recs) if main_recs else 0
     if not args.quiet:
-        print(f"\n{'ext':>4} {'what':<18} {'kind':<7} {'dev':>3} {'strm':>4} {'start_us':>10} {'dur_us':>10} "
-              f"{'bytes':>10} {'GB/s':>7} {'pin':>3} name")
+        print(
+            f"\n{'ext':>4} {'what':<18} {'kind':<7} {'dev':>3} {'strm':>4} {'start_us':>10} {'dur_us':>10} "
+            f"{'bytes':>10} {'GB/s':>7} {'pin':>3} name"
+        )
         for r in main_recs:
             dur = (r["end_ns"] - r["start_ns"]) / 1e3
             gbs = f"{r['bytes'] / (dur * 1e3):.1f}" if r["bytes"] and dur > 0 else ""
-            print(f"{r['external_id']:>4} {expected[r['external_id']]:<18} {r['kind']:<7} {r['device']:>3} "
-                  f"{r['cupti_stream']:>4} {(r['start_ns'] - t_base) / 1e3:>10.2f} {dur:>10.3f} {r['bytes']:>10} "
-                  f"{gbs:>7} {r['pinned']:>3} {r['name']}")
+            print(
+                f"{r['external_id']:>4} {expected[r['external_id']]:<18} {r['kind']:<7} {r['device']:>3} "
+                f"{r['cupti_stream']:>4} {(r['start_ns'] - t_base) / 1e3:>10.2f} {dur:>10.3f} {r['bytes']:>10} "
+                f"{gbs:>7} {r['pinned']:>3} {r['name']}"
+            )
     tagged_launch_recs = sum(1 for r in records if r["external_id"] >= 1_000_000)
-    print(f"\nlaunch-loop records while polling: {tagged_launch_recs} with their external id (of {args.launches}); "
-          f"untagged records: {len(untagged)} (expected {args.launches} + 2 gate spins)")
+    print(
+        f"\nlaunch-loop records while polling: {tagged_launch_recs} with their external id (of {args.launches}); "
+        f"untagged records: {len(untagged)} (expected {args.launches} + 2 gate spins)"
+    )
     missing = sorted(set(expected) - set(by_id))
     print(f"external ids joined: {len(by_id)}/{len(expected)}; missing: {missing}")
 
@@ -266,20 +357,28 @@ def main() -> int:
     for ext_id, req in spin_reqs.items():
         for r in by_id.get(ext_id, []):
             dur = r["end_ns"] - r["start_ns"]
-            print(f"  spin ext {ext_id}: requested {req / 1e3:.1f} us, measured {dur / 1e3:.3f} us, "
-                  f"diff {(dur - req) / 1e3:+.3f} us -> within 2 us: {abs(dur - req) <= 2000}")
+            print(
+                f"  spin ext {ext_id}: requested {req / 1e3:.1f} us, measured {dur / 1e3:.3f} us, "
+                f"diff {(dur - req) / 1e3:+.3f} us -> within 2 us: {abs(dur - req) <= 2000}"
+            )
     if by_id.get(1) and by_id.get(2):
         ov = overlap_us(by_id[1][0], by_id[2][0])
-        print(f"  spin kernels on s1/s2 overlap by {ov:.2f} us -> overlap: {ov > 0}; streams "
-              f"{by_id[1][0]['cupti_stream']} vs {by_id[2][0]['cupti_stream']}")
+        print(
+            f"  spin kernels on s1/s2 overlap by {ov:.2f} us -> overlap: {ov > 0}; streams "
+            f"{by_id[1][0]['cupti_stream']} vs {by_id[2][0]['cupti_stream']}"
+        )
     if by_id.get(3) and by_id.get(4):
         a, b = by_id[3][0], by_id[4][0]
         ov = overlap_us(a, b)
-        print(f"  pinned H2D s1/s2: overlap {ov:.2f} us -> do NOT overlap: {ov <= 0}; "
-              f"durations {(a['end_ns'] - a['start_ns']) / 1e3:.1f} / {(b['end_ns'] - b['start_ns']) / 1e3:.1f} us")
+        print(
+            f"  pinned H2D s1/s2: overlap {ov:.2f} us -> do NOT overlap: {ov <= 0}; "
+            f"durations {(a['end_ns'] - a['start_ns']) / 1e3:.1f} / {(b['end_ns'] - b['start_ns']) / 1e3:.1f} us"
+        )
     pins = {i: [r["pinned"] for r in by_id.get(i, [])] for i in (3, 4, 5, 7, 8, 6)}
-    print(f"  pinned flags: H2D pinned {pins[3]}/{pins[4]} (expect 1), D2H pinned {pins[5]} (expect 1), "
-          f"H2D pageable {pins[7]} (expect 0), D2D {pins[8]} (expect -1), memset {pins[6]} (expect -1)")
+    print(
+        f"  pinned flags: H2D pinned {pins[3]}/{pins[4]} (expect 1), D2H pinned {pins[5]} (expect 1), "
+        f"H2D pageable {pins[7]} (expect 0), D2D {pins[8]} (expect -1), memset {pins[6]} (expect -1)"
+    )
     kinds_ok = {i: [r["kind"] for r in by_id.get(i, [])] for i in (3, 5, 6, 7, 8)}
     print(f"  kinds: {kinds_ok}")
     return 0

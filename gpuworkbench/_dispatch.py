@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .trace import recorder
 
@@ -12,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def enqueue(
-    stream: "Stream",
+    stream: Stream,
     kind: str,
     nbytes: int,
     name: str,

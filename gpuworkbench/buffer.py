@@ -19,14 +19,14 @@ if TYPE_CHECKING:
 class Buffer:
     """``n`` elements of one dtype on one device. Free it with ``free()`` or a ``with`` block (or let GC do it)."""
 
-    def __init__(self, device: "Device", n: int, dtype: np.dtype, handle: Any) -> None:
+    def __init__(self, device: Device, n: int, dtype: np.dtype, handle: Any) -> None:
         self.device, self._len, self.dtype, self._handle = device, n, dtype, handle
         self._inflight: list[Any] = []  # completions of ops that touch this buffer
         self._freed = False
         self._lock = threading.Lock()
 
     @classmethod
-    def allocate(cls, device: "Device", n: int, dtype: Any = "float32") -> "Buffer":
+    def allocate(cls, device: Device, n: int, dtype: Any = "float32") -> Buffer:
         """Allocate ``n`` elements of ``dtype`` on ``device`` (uninitialised). Raises OutOfMemory when it won't fit."""
         from .device import _dtype
 
@@ -170,12 +170,14 @@ class Buffer:
         self.copy_to_host_async(host, stream).wait()
         return host
 
-    def copy_from(self, other: "Buffer", stream: Stream | None = None) -> Event:
+    def copy_from(self, other: Buffer, stream: Stream | None = None) -> Event:
         """Device → device copy of ``other`` into this buffer, enqueued on ``stream`` (default stream if None);
         returns an Event. Non-blocking."""
         dst, src = self._check(), other._check()
         if other.device is not self.device:
-            raise InvalidArgument(f"copy_from needs both buffers on one device ({other.device.spec} → {self.device.spec})")
+            raise InvalidArgument(
+                f"copy_from needs both buffers on one device ({other.device.spec} → {self.device.spec})"
+            )
         if other.size_bytes != self.size_bytes:
             raise InvalidArgument(f"{self._describe()} cannot take {other._describe()}: sizes differ")
         s = self._stream(stream)
@@ -202,7 +204,11 @@ class Buffer:
         s = self._stream(stream)
         backend, nbytes = self.device._backend, self.size_bytes
         event = s._enqueue(
-            "memset", nbytes, f"memset {_fmt_bytes(nbytes)}", -1, lambda timed: backend.fill(handle, nbytes, byte, s._raw, timed)
+            "memset",
+            nbytes,
+            f"memset {_fmt_bytes(nbytes)}",
+            -1,
+            lambda timed: backend.fill(handle, nbytes, byte, s._raw, timed),
         )
         self._touch(event._completion)
         return event
@@ -221,7 +227,7 @@ class Buffer:
         self._freed, self._handle = True, None
         self.device._register_free(self.size_bytes, start)
 
-    def __enter__(self) -> "Buffer":
+    def __enter__(self) -> Buffer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

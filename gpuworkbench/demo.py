@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from .device import Device
 from .kernels import elementwise
 from .pipeline import Pipeline
@@ -25,8 +23,13 @@ class DemoResult:
     correct: bool
 
 
-def run_demo(device: Device | None = None, batches: int | None = None, batch_elems: int | None = None,
-             depth: int = 2, trace_path: str | None = "gpuworkbench-demo.json") -> DemoResult:
+def run_demo(
+    device: Device | None = None,
+    batches: int | None = None,
+    batch_elems: int | None = None,
+    depth: int = 2,
+    trace_path: str | None = "gpuworkbench-demo.json",
+) -> DemoResult:
     """Run ``batches`` batches of ``batch_elems`` float32 through ``y = 2*x + 1`` with a ``depth``-deep pipeline."""
     dev = device or Device()
     gpu = dev.info.is_gpu

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,10 +61,10 @@ class Device:
     Devices are shared: asking twice for the same backend and index returns the same object.
     """
 
-    _open: dict[tuple[str, int], "Device"] = {}
+    _open: dict[tuple[str, int], Device] = {}
     _open_lock = threading.Lock()
 
-    def __new__(cls, index: int | str | None = None, backend: str | BackendKind | None = None) -> "Device":
+    def __new__(cls, index: int | str | None = None, backend: str | BackendKind | None = None) -> Device:
         if isinstance(index, str):
             if backend is not None:
                 raise InvalidArgument("give either a spec string like 'opencl:0' or index + backend, not both")
@@ -105,7 +106,7 @@ class Device:
         self.default_stream = self.create_stream("default")
 
     @classmethod
-    def with_backend(cls, index: int, kind: BackendKind | str) -> "Device":
+    def with_backend(cls, index: int, kind: BackendKind | str) -> Device:
         """Device ``index`` of backend ``kind``."""
         return cls(index, backend=kind)
 
@@ -142,7 +143,7 @@ class Device:
         return int(total - free)
 
     @property
-    def live_buffers(self) -> list["Buffer"]:
+    def live_buffers(self) -> list[Buffer]:
         """Buffers allocated on this device and not freed yet."""
         return [b for b in list(self._buffers) if not b.closed]
 
@@ -179,7 +180,7 @@ class Device:
         """``depth`` streams addressed as ``get(i) → i % depth``."""
         return StreamSet(self, depth, label)
 
-    def alloc(self, n: int, dtype: Any = "float32") -> "Buffer":
+    def alloc(self, n: int, dtype: Any = "float32") -> Buffer:
         """A device buffer of ``n`` elements (uninitialised). Blocks only for the allocation itself."""
         from .buffer import Buffer
 
@@ -197,7 +198,7 @@ class Device:
         """True when ``array`` is page-locked memory this device can copy asynchronously."""
         return self._backend.is_pinned(array)
 
-    def compile(self, source: Any, name: str, options: Sequence[str] = ()) -> "Kernel":
+    def compile(self, source: Any, name: str, options: Sequence[str] = ()) -> Kernel:
         """Build kernel ``name`` from CUDA C / OpenCL C / a Python callable, per ``caps.kernel_language``.
         Raises CompileError carrying the compiler's log. Blocks while compiling."""
         from .kernels import Kernel
@@ -215,7 +216,7 @@ class Device:
         for s in list(self._streams):
             s.synchronize()
 
-    def _register_alloc(self, buf: "Buffer", nbytes: int, start_ns: int) -> None:
+    def _register_alloc(self, buf: Buffer, nbytes: int, start_ns: int) -> None:
         with self._lock:
             self.held_bytes += nbytes
         self._buffers.add(buf)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 import re
 import threading
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
 
 def _dims(value: Any, what: str) -> tuple[int, ...]:
     dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
-    if not 1 <= len(dims) <= 3 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
+    if not 1 <= len(dims) <= 3 or any(
+        isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims
+    ):
         raise InvalidArgument(f"{what} must be 1 to 3 positive ints, got {value!r}")
     return tuple(int(d) for d in dims)
 
@@ -40,7 +43,7 @@ def _scalar(value: Any, position: int) -> Any:
 class Kernel:
     """A compiled kernel on one device. Call ``k(grid, block, args, stream=s)``: grid in blocks, block in threads."""
 
-    def __init__(self, device: "Device", raw: Any, name: str, source: Any) -> None:
+    def __init__(self, device: Device, raw: Any, name: str, source: Any) -> None:
         self.device, self._raw, self.name, self.source = device, raw, name, source
 
     def __call__(
@@ -308,7 +311,7 @@ class ElementwiseKernel:
 
         return run
 
-    def _kernel_for(self, device: "Device", mask: tuple[bool, ...]) -> Any:
+    def _kernel_for(self, device: Device, mask: tuple[bool, ...]) -> Any:
         key = (id(device), mask)
         with self._lock:
             kernel = self._cache.get(key)

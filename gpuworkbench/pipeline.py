@@ -9,8 +9,9 @@ through pinned slots, which the host must fill, so pinned inputs are what make t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class Pipeline:
     ``depth`` is the number of buffer slots (2 = double buffering).
     """
 
-    def __init__(self, device: "Device", process: Process, depth: int = 2, label: str = "pipeline") -> None:
+    def __init__(self, device: Device, process: Process, depth: int = 2, label: str = "pipeline") -> None:
         if not callable(process):
             raise InvalidArgument("process must be callable as process(in_buf, out_buf, stream)")
         if not isinstance(depth, int) or depth < 1:
@@ -88,9 +89,13 @@ class Pipeline:
             if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
                 raise InvalidArgument(f"batch {i}: inputs and outputs must be NumPy arrays")
             if a.dtype != first_in.dtype or a.size != first_in.size:
-                raise InvalidArgument(f"batch {i}: input is {a.size} {a.dtype}, batch 0 is {first_in.size} {first_in.dtype}")
+                raise InvalidArgument(
+                    f"batch {i}: input is {a.size} {a.dtype}, batch 0 is {first_in.size} {first_in.dtype}"
+                )
             if b.dtype != first_out.dtype or b.size != first_out.size:
-                raise InvalidArgument(f"batch {i}: output is {b.size} {b.dtype}, batch 0 is {first_out.size} {first_out.dtype}")
+                raise InvalidArgument(
+                    f"batch {i}: output is {b.size} {b.dtype}, batch 0 is {first_out.size} {first_out.dtype}"
+                )
             if not b.flags.c_contiguous or not b.flags.writeable:
                 raise InvalidArgument(f"batch {i}: outputs must be writable C-contiguous arrays")
         self._ensure_slots(first_in.size, first_in.dtype, first_out.size, first_out.dtype)
@@ -157,7 +162,7 @@ class Pipeline:
         for s in (self.upload, self.compute, self.download):
             s.close()
 
-    def __enter__(self) -> "Pipeline":
+    def __enter__(self) -> Pipeline:
         return self
 
     def __exit__(self, *exc: Any) -> None:

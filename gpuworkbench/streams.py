@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from . import _dispatch
 from .errors import GpuError, InvalidArgument
@@ -25,7 +26,7 @@ class Event:
 
     __slots__ = ("_completion", "stream", "_keep")
 
-    def __init__(self, completion: Any, stream: "Stream", keep: Any = None) -> None:
+    def __init__(self, completion: Any, stream: Stream, keep: Any = None) -> None:
         self._completion, self.stream, self._keep = completion, stream, keep
 
     @property
@@ -73,7 +74,7 @@ def _wait_with_timeout(completion: Any, timeout_s: float) -> None:
 class Stream:
     """An in-order queue of device work. Create with ``device.create_stream(label)``."""
 
-    def __init__(self, device: "Device", label: str, stream_id: int) -> None:
+    def __init__(self, device: Device, label: str, stream_id: int) -> None:
         self.device, self.label, self.id = device, label, stream_id
         self._raw = device._backend.create_stream()
         self._inflight: deque[tuple[Any, Any]] = deque()
@@ -147,7 +148,7 @@ class Stream:
             self.closed = True
             self.device._forget_stream(self)
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -169,7 +170,7 @@ class StreamPool:
 
     def __init__(
         self,
-        device: "Device",
+        device: Device,
         size: int,
         assignment: StreamAssignment = StreamAssignment.ROUND_ROBIN,
         label: str = "pool",
@@ -225,7 +226,7 @@ class StreamPool:
 class StreamSet:
     """``depth`` streams addressed by index modulo depth: ``get(i)`` is stream ``i % depth``."""
 
-    def __init__(self, device: "Device", depth: int, label: str = "set") -> None:
+    def __init__(self, device: Device, depth: int, label: str = "set") -> None:
         if not isinstance(depth, int) or depth < 1:
             raise InvalidArgument(f"a stream set needs depth >= 1, got {depth!r}")
         self.device, self.depth = device, depth

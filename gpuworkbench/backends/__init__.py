@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from functools import lru_cache
+from functools import cache
 
 from ..errors import BackendUnavailable, InvalidArgument
 from .base import Backend
@@ -24,11 +24,13 @@ def canonical(name: str) -> str:
     """The registered name for ``name`` (case-insensitive, aliases resolved); InvalidArgument if unknown."""
     key = ALIASES.get(name.lower(), name.lower())
     if key not in _MODULES:
-        raise InvalidArgument(f"unknown backend {name!r}; known backends: {', '.join(PROBE_ORDER)} (alias 'stub' = cpu)")
+        raise InvalidArgument(
+            f"unknown backend {name!r}; known backends: {', '.join(PROBE_ORDER)} (alias 'stub' = cpu)"
+        )
     return key
 
 
-@lru_cache(maxsize=None)
+@cache
 def get(name: str) -> Backend:
     """The backend object for ``name``; BackendUnavailable when its module or library is missing."""
     key = canonical(name)

@@ -7,8 +7,9 @@ blocking; when asked (``timed=True``) it also yields the op's start and end on t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -180,7 +181,7 @@ class BackendDevice(ABC):
     def clock_sample(self) -> ClockSample:
         """Read the device clock against the host clock; used once per trace to align them."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing of their own
         """Release the device's own resources (streams and buffers are released by the front end first)."""
 
 

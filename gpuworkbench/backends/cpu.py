@@ -12,7 +12,8 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -200,7 +201,9 @@ class CpuDevice(BackendDevice):
         stream: _Worker,
         timed: bool,
     ) -> _Op:
-        values = [a.handle[: a.length * a.dtype.itemsize].view(a.dtype) if isinstance(a, BufferArg) else a for a in args]
+        values = [
+            a.handle[: a.length * a.dtype.itemsize].view(a.dtype) if isinstance(a, BufferArg) else a for a in args
+        ]
         extra: dict[str, Any] = {}
         if kernel.wants_grid:
             extra["grid"] = grid

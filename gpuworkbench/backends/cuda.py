@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -313,7 +314,9 @@ class CudaDevice(BackendDevice):
         except cupy.cuda.compiler.CompileException as exc:
             raise CompileError(name, exc.get_message() if hasattr(exc, "get_message") else str(exc), source) from None
         except cupy.cuda.driver.CUDADriverError as exc:
-            raise CompileError(name, f"no kernel named {name!r} in the module ({exc}); use extern \"C\"", source) from None
+            raise CompileError(
+                name, f'no kernel named {name!r} in the module ({exc}); use extern "C"', source
+            ) from None
         return getattr(kernel, "kernel", kernel)
 
     def launch(

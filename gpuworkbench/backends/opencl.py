@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -161,9 +162,7 @@ class OpenCLDevice(BackendDevice):
         cl = _cl()
         if nbytes == 0:
             return self.record(stream)
-        event = cl.enqueue_copy(
-            stream.queue, dst, src, byte_count=nbytes, src_offset=src_offset, dst_offset=dst_offset
-        )
+        event = cl.enqueue_copy(stream.queue, dst, src, byte_count=nbytes, src_offset=src_offset, dst_offset=dst_offset)
         return self._submit(stream, event)
 
     def fill(self, dst: Any, nbytes: int, byte: int, stream: _Queue, timed: bool) -> _ClCompletion:
@@ -223,7 +222,9 @@ class OpenCLDevice(BackendDevice):
             try:
                 knl.set_args(*values)
             except cl.Error as exc:
-                raise InvalidArgument(f"kernel {knl.function_name!r}: arguments do not fit its signature ({exc})") from None
+                raise InvalidArgument(
+                    f"kernel {knl.function_name!r}: arguments do not fit its signature ({exc})"
+                ) from None
             event = cl.enqueue_nd_range_kernel(stream.queue, knl, global_size, block)
         return self._submit(stream, event)
 

@@ -32,9 +32,15 @@ EXT_KEEP_FLUSHES = 16
 
 # CUpti_ActivityMemcpyKind names -> our span kinds; anything else is "other_copy".
 _COPY_KIND_NAMES: dict[str, str] = {
-    "HTOD": "h2d", "HTOA": "h2d",
-    "DTOH": "d2h", "ATOH": "d2h",
-    "DTOD": "d2d", "ATOA": "d2d", "ATOD": "d2d", "DTOA": "d2d", "PTOP": "d2d",
+    "HTOD": "h2d",
+    "HTOA": "h2d",
+    "DTOH": "d2h",
+    "ATOH": "d2h",
+    "DTOD": "d2d",
+    "ATOA": "d2d",
+    "ATOD": "d2d",
+    "DTOA": "d2d",
+    "PTOP": "d2d",
 }
 # Hints for CUPTI results that mean "CUPTI cannot be used here".
 _RESULT_HINTS: dict[str, str] = {
@@ -150,9 +156,7 @@ class CuptiSource:
                 self._copy_kinds = {
                     int(member): _COPY_KIND_NAMES.get(member.name, "other_copy") for member in cupti.ActivityMemcpyKind
                 }
-                self._pinned_of = {
-                    int(cupti.ActivityMemoryKind.PINNED): 1, int(cupti.ActivityMemoryKind.PAGEABLE): 0
-                }
+                self._pinned_of = {int(cupti.ActivityMemoryKind.PINNED): 1, int(cupti.ActivityMemoryKind.PAGEABLE): 0}
                 self._host_src = {int(cupti.ActivityMemcpyKind.HTOD), int(cupti.ActivityMemcpyKind.HTOA)}
                 self._host_dst = {int(cupti.ActivityMemcpyKind.DTOH), int(cupti.ActivityMemcpyKind.ATOH)}
                 _ACTIVE = self  # before enabling, so that no buffer completes without a receiver
@@ -309,8 +313,15 @@ class CuptiSource:
                     self.incomplete_records += 1
                     continue
                 rec = {
-                    "kind": span_kind, "start_ns": start, "end_ns": end, "external_id": -1, "bytes": nbytes,
-                    "name": name, "pinned": pinned, "cupti_stream": int(act.stream_id), "device": int(act.device_id),
+                    "kind": span_kind,
+                    "start_ns": start,
+                    "end_ns": end,
+                    "external_id": -1,
+                    "bytes": nbytes,
+                    "name": name,
+                    "pinned": pinned,
+                    "cupti_stream": int(act.stream_id),
+                    "device": int(act.device_id),
                 }
                 recs.append((rec, int(act.correlation_id), runtime_corr))
             except Exception as exc:  # noqa: BLE001  never let an exception escape into CUPTI's thread

@@ -35,7 +35,9 @@ def chrome_trace(trace: Any, path: str | None = None) -> dict:
     origin = int(table["start_ns"].min()) if len(table["start_ns"]) else 0
     events: list[dict] = []
     for dev, clock in sorted(clocks.items()):
-        events.append({"ph": "M", "name": "process_name", "pid": dev, "tid": 0, "args": {"name": f"{clock.key} {clock.name}"}})
+        events.append(
+            {"ph": "M", "name": "process_name", "pid": dev, "tid": 0, "args": {"name": f"{clock.key} {clock.name}"}}
+        )
         events.append({"ph": "M", "name": "process_sort_index", "pid": dev, "tid": 0, "args": {"sort_index": dev}})
         events.append(
             {

@@ -13,15 +13,16 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
 from .spans import COLUMNS, KIND_CODE, KINDS, MEMORY_COLUMNS, Span, empty_memory_table, spans_of, table_from_records
 
 #: Traces currently recording. The front end checks this list's truthiness before doing any tracing work.
-ACTIVE: list["Trace"] = []
+ACTIVE: list[Trace] = []
 _ACTIVE_LOCK = threading.Lock()
 _IDS = itertools.count(1)
 
@@ -133,7 +134,7 @@ class Trace:
         self.version = 0  # bumped whenever spans or memory samples are added
 
     # ------------------------------------------------------------------ lifetime
-    def start(self) -> "Trace":
+    def start(self) -> Trace:
         """Begin recording (the context manager calls this)."""
         self.started_ns = time.perf_counter_ns()
         with _ACTIVE_LOCK:
@@ -151,7 +152,7 @@ class Trace:
         self.stopped_ns = time.perf_counter_ns()
         self._stop.set()
 
-    def __enter__(self) -> "Trace":
+    def __enter__(self) -> Trace:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -421,7 +422,7 @@ class Trace:
         return summarize(self.table(), window=window)
 
     @classmethod
-    def from_records(cls, records: Any, device_names: Mapping[int, str] | None = None) -> "Trace":
+    def from_records(cls, records: Any, device_names: Mapping[int, str] | None = None) -> Trace:
         """A finished trace built from dicts (kind, stream, start_ns, end_ns, ...), e.g. to analyse by hand."""
         t = cls()
         table = table_from_records(records)

@@ -6,8 +6,9 @@ arrays of equal length so that analyses are vectorised functions of plain tables
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
