@@ -108,7 +108,7 @@ def copies(gw, cp, dev) -> dict:
 EMPTY = 'extern "C" __global__ void empty(float* x) {}'
 
 
-def launches(gw, cp, dev, count: int = 20000) -> dict:
+def launches(gw, cp, dev, count: int = 5000) -> dict:
     out: dict = {}
     raw = cp.RawKernel(EMPTY, "empty")
     arr = cp.empty(1, cp.float32)

@@ -381,6 +381,12 @@ def main() -> int:
     )
     kinds_ok = {i: [r["kind"] for r in by_id.get(i, [])] for i in (3, 5, 6, 7, 8)}
     print(f"  kinds: {kinds_ok}")
+    try:
+        with open("/proc/self/maps") as maps:
+            libs = sorted({line.split()[-1] for line in maps if "libcupti" in line})
+        print(f"libcupti loaded: {' '.join(libs)}")
+    except OSError:
+        pass
     return 0
 
 

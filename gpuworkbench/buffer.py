@@ -243,9 +243,9 @@ class Buffer:
     @property
     def __cuda_array_interface__(self) -> dict:
         """Zero-copy view for CuPy, PyTorch and Numba (CUDA and ROCm buffers only)."""
-        handle = self._check()
-        if not self.device.caps.device_pointers:
+        if not self.device.caps.device_pointers:  # checked first so that hasattr() is False even once freed
             raise AttributeError(f"{self.device.backend_kind.value} buffers have no device pointer")
+        handle = self._check()
         return {
             "shape": (self._len,),
             "typestr": self.dtype.str,

@@ -34,8 +34,9 @@ class BackendKind(str, Enum):
 def parse_spec(spec: str) -> tuple[str, int]:
     """'opencl:1' → ('opencl', 1); 'cuda' → ('cuda', 0)."""
     name, _, index = spec.strip().partition(":")
+    backend = backends.canonical(name)  # an unknown name raises its own error, naming the known backends
     try:
-        return backends.canonical(name), int(index) if index else 0
+        return backend, int(index) if index else 0
     except ValueError:
         raise InvalidArgument(f"device spec {spec!r} is not BACKEND[:INDEX], e.g. 'opencl:0'") from None
 

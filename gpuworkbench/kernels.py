@@ -56,6 +56,8 @@ class Kernel:
         if not isinstance(args, (tuple, list)):
             raise InvalidArgument("kernel args must be a tuple or list")
         stream = self.device.default_stream if stream is None else stream
+        if not isinstance(stream, Stream):
+            raise InvalidArgument(f"stream must be a gpuworkbench Stream, not {type(stream).__name__}")
         if stream.device is not self.device:
             raise InvalidArgument(f"stream {stream.label!r} is on {stream.device.spec}, kernel on {self.device.spec}")
         converted: list[Any] = []
@@ -133,17 +135,36 @@ _CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
 
 
 class _ToC(ast.NodeVisitor):
-    """Turns one parsed expression into C, with array params indexed by ``i``."""
+    """Turns one parsed expression into C, with array params indexed by ``gw_i``."""
 
-    def __init__(self, arrays: set[str], scalars: set[str], float32: bool, floats: bool) -> None:
+    def __init__(self, arrays: set[str], scalars: set[str], float32: bool, floats: bool, float_names: set[str]) -> None:
         self.arrays, self.scalars, self.float32, self.floats = arrays, scalars, float32, floats
+        self.float_names = float_names
+
+    def _is_float(self, node: ast.AST) -> bool:
+        """Whether C evaluates ``node`` in floating point (the usual arithmetic conversions)."""
+        if isinstance(node, ast.Name):
+            return node.id in self.float_names
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, float)
+        if isinstance(node, ast.BinOp):
+            logical = isinstance(node.op, (ast.BitAnd, ast.BitOr))
+            return not logical and (self._is_float(node.left) or self._is_float(node.right))
+        if isinstance(node, ast.UnaryOp):
+            return isinstance(node.op, (ast.USub, ast.UAdd)) and self._is_float(node.operand)
+        if isinstance(node, ast.Call):
+            fname = node.func.id if isinstance(node.func, ast.Name) else ""
+            if fname == "where":
+                return any(self._is_float(a) for a in node.args[1:])
+            return fname in _FUNCS and (self.floats or _FUNCS[fname][1] is None)
+        return False  # comparisons give int
 
     def generic_visit(self, node: ast.AST) -> str:
         raise InvalidArgument(f"elementwise expressions cannot contain {type(node).__name__} ({ast.unparse(node)!r})")
 
     def visit_Name(self, node: ast.Name) -> str:
         if node.id in self.arrays:
-            return f"{node.id}[i]"
+            return f"{node.id}[gw_i]"
         if node.id in self.scalars:
             return node.id
         raise InvalidArgument(f"elementwise expression uses {node.id!r}, which is not a declared parameter")
@@ -162,6 +183,9 @@ class _ToC(ast.NodeVisitor):
         op = _BINOPS.get(type(node.op))
         if op is None:
             raise InvalidArgument(f"operator {ast.unparse(node)!r} is not supported in elementwise expressions")
+        if isinstance(node.op, ast.Mod) and (self._is_float(node.left) or self._is_float(node.right)):
+            real = "float" if self.float32 else "double"  # C has no float %; fmod is what NumPy's side computes
+            return f"fmod(({real})({self.visit(node.left)}), ({real})({self.visit(node.right)}))"
         return f"({self.visit(node.left)} {op} {self.visit(node.right)})"
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> str:
@@ -188,14 +212,57 @@ class _ToC(ast.NodeVisitor):
         return f"{c_name}({', '.join(args)})"
 
 
+def _is_integer(value: Any) -> bool:
+    return np.asarray(value).dtype.kind in "iub"
+
+
+def _c_div(a: Any, b: Any) -> Any:
+    """C's ``/``: division truncating toward zero when both operands are integers, true division otherwise."""
+    if not (_is_integer(a) and _is_integer(b)):
+        return np.true_divide(a, b)
+    quotient = np.floor_divide(a, b)
+    return quotient + ((np.remainder(a, b) != 0) & ((np.asarray(a) < 0) != (np.asarray(b) < 0)))
+
+
+def _c_int(value: Any) -> Any:
+    """A C truth value: comparisons and logical operators give int 0 or 1."""
+    return np.asarray(value).astype(np.int32)
+
+
 class _ToNumPy(ast.NodeTransformer):
-    """Rewrites the expression for NumPy: logic ops stay bitwise, where/min/max/abs map to NumPy functions."""
+    """Rewrites the expression for NumPy with C's meaning: ``/`` and ``%`` truncate on integers, comparisons and
+    ``& | ~`` give int 0/1 (logical, not bitwise), and where/min/max/abs map to NumPy functions."""
+
+    @staticmethod
+    def _call(name: str, *args: ast.expr) -> ast.Call:
+        return ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=list(args), keywords=[])
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         if isinstance(node.func, ast.Name):
             node.func = ast.Name(id=f"_np_{node.func.id}", ctx=ast.Load())
         return node
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.op, ast.Div):
+            return self._call("_c_div", node.left, node.right)
+        if isinstance(node.op, ast.Mod):
+            return self._call("_np_fmod", node.left, node.right)
+        if isinstance(node.op, (ast.BitAnd, ast.BitOr)):
+            logic = "_np_logical_and" if isinstance(node.op, ast.BitAnd) else "_np_logical_or"
+            return self._call("_c_int", self._call(logic, node.left, node.right))
+        return node
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.op, (ast.Invert, ast.Not)):
+            return self._call("_c_int", self._call("_np_logical_not", node.operand))
+        return node
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        return self._call("_c_int", node)
 
 
 class ElementwiseKernel:
@@ -263,11 +330,12 @@ class ElementwiseKernel:
         mask = tuple(is_array) if is_array is not None else (True,) * len(self.params)
         arrays = {n for (n, _), a in zip(self.params, mask) if a}
         scalars = {n for (n, _), a in zip(self.params, mask) if not a}
-        floats = any(dt.kind == "f" for _, dt in self.params)
+        float_names = {n for n, dt in self.params if dt.kind == "f"}
+        floats = bool(float_names)
         float32 = floats and not any(dt == np.float64 for _, dt in self.params)
-        to_c = _ToC(arrays, scalars, float32, floats)
+        to_c = _ToC(arrays, scalars, float32, floats, float_names)
         types = _C_TYPES[language]
-        lines = [f"{n}[i] = ({types[dict(self.params)[n].name]})({to_c.visit(e)});" for n, e in self.statements]
+        lines = [f"{n}[gw_i] = ({types[dict(self.params)[n].name]})({to_c.visit(e)});" for n, e in self.statements]
         index_t = "long long" if language == "cuda" else "long"
         sig = []
         for (n, dt), a in zip(self.params, mask):
@@ -276,19 +344,19 @@ class ElementwiseKernel:
                 sig.append(f"{const}{types[dt.name]}* __restrict__ {n}" if a else f"const {types[dt.name]} {n}")
             else:
                 sig.append(f"__global {const}{types[dt.name]}* restrict {n}" if a else f"const {types[dt.name]} {n}")
-        sig.append(f"const {index_t} n")
+        sig.append(f"const {index_t} gw_n")  # gw_ names cannot clash with parameters like n or i
         body = "\n".join(f"        {line}" for line in lines)
         if language == "cuda":
             return (
                 f'extern "C" __global__ void {self.name}({", ".join(sig)}) {{\n'
-                f"    {index_t} i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
-                f"    if (i < n) {{\n{body}\n    }}\n}}\n"
+                f"    {index_t} gw_i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+                f"    if (gw_i < gw_n) {{\n{body}\n    }}\n}}\n"
             )
         prelude = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if "double" in " ".join(sig) else ""
         return (
             f"{prelude}__kernel void {self.name}({', '.join(sig)}) {{\n"
-            f"    {index_t} i = get_global_id(0);\n"
-            f"    if (i < n) {{\n{body}\n    }}\n}}\n"
+            f"    {index_t} gw_i = get_global_id(0);\n"
+            f"    if (gw_i < gw_n) {{\n{body}\n    }}\n}}\n"
         )
 
     def _numpy_callable(self, mask: tuple[bool, ...]) -> Any:
@@ -299,7 +367,9 @@ class ElementwiseKernel:
             tree = ast.Expression(body=_ToNumPy().visit(ast.parse(ast.unparse(expr), mode="eval").body))
             ast.fix_missing_locations(tree)
             code.append((target, compile(tree, f"<elementwise {self.name}>", "eval")))
-        env = {f"_np_{k}": v[2] for k, v in _FUNCS.items()} | {"_np_where": np.where}
+        env = {f"_np_{k}": v[2] for k, v in _FUNCS.items()} | {"_np_where": np.where, "_c_div": _c_div, "_c_int": _c_int}
+        env |= {"_np_fmod": np.fmod, "_np_logical_and": np.logical_and, "_np_logical_or": np.logical_or}
+        env["_np_logical_not"] = np.logical_not
 
         def run(*values: Any) -> None:
             scope = dict(env)
@@ -353,6 +423,9 @@ class ElementwiseKernel:
                 raise InvalidArgument(f"{self.name}: output {pname!r} must be a Buffer, not {type(a).__name__}")
         device = buffers[0].device
         stream = device.default_stream if stream is None else stream
+        if not isinstance(stream, Stream) or stream.device is not device:
+            where = f"on {stream.device.spec}" if isinstance(stream, Stream) else f"a {type(stream).__name__}"
+            raise InvalidArgument(f"{self.name}: stream must be a Stream of {device.spec}, got {where}")
         if n == 0:
             return stream.record()
         kernel = self._kernel_for(device, mask)

@@ -12,6 +12,7 @@ import os
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -100,7 +101,11 @@ class _PythonKernel:
 
     def __init__(self, fn: Callable[..., Any], name: str) -> None:
         self.fn, self.name = fn, name
-        params = inspect.signature(fn).parameters
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):  # some builtins have no signature; they are called unchecked
+            self.signature = None
+        params = self.signature.parameters if self.signature is not None else {}
         self.wants_grid = "grid" in params
         self.wants_block = "block" in params
 
@@ -188,6 +193,10 @@ class CpuDevice(BackendDevice):
             exec(compile(source, f"<kernel {name}>", "exec"), namespace)  # noqa: S102 - user's own kernel source
         except SyntaxError as exc:
             raise CompileError(name, f"line {exc.lineno}: {exc.msg}", source) from None
+        except Exception as exc:  # noqa: BLE001 - the source's top-level code failed while defining the kernel
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == f"<kernel {name}>"]
+            where = f"line {frames[-1].lineno}: " if frames else ""
+            raise CompileError(name, f"{where}{type(exc).__name__}: {exc}", source) from None
         if not callable(namespace.get(name)):
             raise CompileError(name, f"the source defines no function named {name!r}", source)
         return _PythonKernel(namespace[name], name)
@@ -209,6 +218,11 @@ class CpuDevice(BackendDevice):
             extra["grid"] = grid
         if kernel.wants_block:
             extra["block"] = block
+        if kernel.signature is not None:
+            try:
+                kernel.signature.bind(*values, **extra)
+            except TypeError as exc:
+                raise InvalidArgument(f"kernel {kernel.name!r}: arguments do not fit its signature ({exc})") from None
         return stream.submit(lambda: kernel.fn(*values, **extra))
 
     def clock_sample(self) -> ClockSample:

@@ -119,12 +119,13 @@ class OpenCLDevice(BackendDevice):
 
     def empty_pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         cl = _cl()
-        nbytes = max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)
-        buf = cl.Buffer(self._ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, nbytes)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = max(nbytes, 1)  # OpenCL maps no empty buffer: map one byte and view none of it
+        buf = cl.Buffer(self._ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, size)
         mapped, _ = cl.enqueue_map_buffer(
-            self._scratch_queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, shape, dtype, is_blocking=True
+            self._scratch_queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, (size,), np.uint8, is_blocking=True
         )
-        return wrap_pinned(mapped, (self._ctx, buf, mapped))
+        return wrap_pinned(mapped[:nbytes].view(dtype).reshape(shape), (self._ctx, buf, mapped))
 
     def is_pinned(self, array: np.ndarray) -> bool:
         node: Any = array
@@ -221,11 +222,17 @@ class OpenCLDevice(BackendDevice):
         with lock:  # argument setting and enqueue must not interleave between threads
             try:
                 knl.set_args(*values)
-            except cl.Error as exc:
+            except (cl.Error, TypeError) as exc:  # TypeError: too few or too many arguments
                 raise InvalidArgument(
                     f"kernel {knl.function_name!r}: arguments do not fit its signature ({exc})"
                 ) from None
-            event = cl.enqueue_nd_range_kernel(stream.queue, knl, global_size, block)
+            try:
+                event = cl.enqueue_nd_range_kernel(stream.queue, knl, global_size, block)
+            except cl.Error as exc:
+                raise InvalidArgument(
+                    f"kernel {knl.function_name!r}: {self.info.name} refused grid {grid} × block {block} "
+                    f"(at most {self._dev.max_work_group_size} threads per block; {exc})"
+                ) from None
         return self._submit(stream, event)
 
     def clock_sample(self) -> ClockSample:

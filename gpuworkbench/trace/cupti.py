@@ -8,6 +8,7 @@ Nothing here synchronizes the device; ``cupti`` is imported lazily so that this 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from typing import Any
@@ -27,8 +28,10 @@ _API_PREFIXES: dict[str, tuple[str, ...]] = {
 BUFFER_BYTES = 4 << 20
 #: Flushes an activity record waits for its external id before it is handed out with ``external_id`` -1.
 HOLD_FLUSHES = 2
-#: Flushes an external-correlation entry is kept for late activity records.
+#: Flushes an external-correlation entry is kept once an activity record has used it (graph launches share one).
 EXT_KEEP_FLUSHES = 16
+#: Most external-correlation entries kept while waiting for their activity records (deep queues), oldest dropped.
+EXT_MAP_MAX = 1 << 16
 
 # CUpti_ActivityMemcpyKind names -> our span kinds; anything else is "other_copy".
 _COPY_KIND_NAMES: dict[str, str] = {
@@ -100,7 +103,7 @@ class CuptiSource:
         self._incoming: list[tuple[dict[str, Any], int, int]] = []
         self._incoming_ext: list[tuple[int, int]] = []
         self._held: list[tuple[dict[str, Any], int, int, int]] = []
-        self._ext_map: dict[int, tuple[int, int]] = {}
+        self._ext_map: dict[int, tuple[int, int]] = {}  # corr id -> (ext id, arrival flush, or -flush of last use)
         self._flush_index = 0
         self._pushed = False
         self._push: Any = None
@@ -344,16 +347,22 @@ class CuptiSource:
         out: list[dict[str, Any]] = []
         held: list[tuple[dict[str, Any], int, int, int]] = []
         for rec, corr, runtime_corr, born in self._held + [(r, c, rc, now) for r, c, rc in incoming]:
-            hit = ext_map.get(corr) or (ext_map.get(runtime_corr) if runtime_corr else None)
+            key = corr if corr in ext_map else runtime_corr
+            hit = ext_map.get(key) if key else None
             if hit is not None:
                 rec["external_id"] = hit[0]
+                del ext_map[key]  # re-inserted last: the cap below drops the least recently used first
+                ext_map[key] = (hit[0], -now)  # negative: used at flush ``now``, may go after EXT_KEEP_FLUSHES
                 out.append(rec)
             elif wait and now - born < HOLD_FLUSHES:
                 held.append((rec, corr, runtime_corr, born))
             else:
                 out.append(rec)
         self._held = held
-        if ext_map and now % 4 == 0:
-            self._ext_map = {c: v for c, v in ext_map.items() if now - v[1] <= EXT_KEEP_FLUSHES}
+        if now % 4 == 0 and ext_map:
+            self._ext_map = ext_map = {c: v for c, v in ext_map.items() if v[1] >= 0 or now + v[1] <= EXT_KEEP_FLUSHES}
+        if len(ext_map) > EXT_MAP_MAX:  # entries of ops still queued (or never used): keep the newest half
+            for c in list(itertools.islice(ext_map, len(ext_map) - EXT_MAP_MAX // 2)):
+                del ext_map[c]
         out.sort(key=lambda r: r["start_ns"])
         return out
