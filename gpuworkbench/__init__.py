@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .buffer import Buffer
 from .device import BackendKind, Device, backend_status, devices
 from .errors import BackendUnavailable, BufferClosed, CompileError, GpuError, InvalidArgument, OutOfMemory
@@ -20,6 +22,16 @@ __version__ = "0.1.0"
 def trace(capacity: int = 1_000_000, interval_s: float = 0.01, source: str = "auto") -> Trace:
     """A Trace to use as ``with gw.trace() as t:``; records every op on every device without synchronizing."""
     return Trace(capacity=capacity, interval_s=interval_s, source=source)
+
+
+def live(trace: Trace | None = None, device: Device | str | None = None, **options: Any) -> Any:
+    """A dashboard widget that follows ``trace`` (or a trace it starts) while later cells run; ``.stop()`` ends it.
+
+    Imports Bokeh and ipywidgets only when called, so that ``import gpuworkbench`` stays fast.
+    """
+    from .viz.dashboard import live as _live
+
+    return _live(trace, Device(device) if isinstance(device, str) else device, **options)
 
 
 def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's shell
@@ -52,5 +64,6 @@ __all__ = [
     "backend_status",
     "devices",
     "elementwise",
+    "live",
     "trace",
 ]

@@ -21,7 +21,7 @@ class Buffer:
 
     def __init__(self, device: Device, n: int, dtype: np.dtype, handle: Any) -> None:
         self.device, self._len, self.dtype, self._handle = device, n, dtype, handle
-        self._inflight: list[Any] = []  # completions of ops that touch this buffer
+        self._inflight: dict[int, Any] = {}  # stream id -> completion of the last op on that stream using this buffer
         self._freed = False
         self._lock = threading.Lock()
 
@@ -70,15 +70,14 @@ class Buffer:
     def _arg(self) -> BufferArg:
         return BufferArg(self._check(), self.dtype, self._len)
 
-    def _touch(self, completion: Any) -> None:
-        with self._lock:
-            self._inflight = [c for c in self._inflight if not c.done()]
-            self._inflight.append(completion)
+    def _touch(self, stream_id: int, completion: Any) -> None:
+        # Streams are in order: the last op on a stream stands for every earlier one there. O(1) on the launch path.
+        self._inflight[stream_id] = completion
 
     def _order_after_inflight(self, stream: Stream) -> None:
         """Make ``stream`` wait (device-side) for every unfinished op on this buffer from other streams."""
         with self._lock:
-            pending = [c for c in self._inflight if not c.done()]
+            pending = [c for sid, c in list(self._inflight.items()) if sid != stream.id and not c.done()]
         for c in pending:
             self.device._backend.wait_event(stream._raw, c)
 
@@ -132,7 +131,7 @@ class Buffer:
             lambda timed: backend.copy_h2d(handle, 0, host, stream._raw, timed),
             keep=host,
         )
-        self._touch(event._completion)
+        self._touch(event.stream.id, event._completion)
         return event
 
     def copy_to_host_async(self, host: np.ndarray, stream: Stream) -> Event:
@@ -149,7 +148,7 @@ class Buffer:
             lambda timed: backend.copy_d2h(host, handle, 0, stream._raw, timed),
             keep=host,
         )
-        self._touch(event._completion)
+        self._touch(event.stream.id, event._completion)
         return event
 
     def copy_from_host(self, host: np.ndarray) -> None:
@@ -192,8 +191,8 @@ class Buffer:
             -1,
             lambda timed: backend.copy_d2d(dst, 0, src, 0, nbytes, s._raw, timed),
         )
-        self._touch(event._completion)
-        other._touch(event._completion)
+        self._touch(event.stream.id, event._completion)
+        other._touch(event.stream.id, event._completion)
         return event
 
     def fill_bytes(self, byte: int = 0, stream: Stream | None = None) -> Event:
@@ -210,7 +209,7 @@ class Buffer:
             -1,
             lambda timed: backend.fill(handle, nbytes, byte, s._raw, timed),
         )
-        self._touch(event._completion)
+        self._touch(event.stream.id, event._completion)
         return event
 
     # ------------------------------------------------------------------ lifetime
@@ -219,7 +218,7 @@ class Buffer:
         if self._freed or self.device.closed:
             return
         with self._lock:
-            pending, self._inflight = self._inflight, []
+            pending, self._inflight = list(self._inflight.values()), {}
         for c in pending:
             c.wait()
         start = time.perf_counter_ns()

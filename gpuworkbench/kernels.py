@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .backends.base import BufferArg
+from .buffer import Buffer
 from .errors import CompileError, InvalidArgument
 from .streams import Event, Stream
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
 
 def _dims(value: Any, what: str) -> tuple[int, ...]:
+    if type(value) is int and value > 0:  # the common case, kept cheap: this is on every launch
+        return (value,)
     dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
     if not 1 <= len(dims) <= 3 or any(
         isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims
@@ -50,8 +53,6 @@ class Kernel:
         self, grid: Any, block: Any, args: Sequence[Any], stream: Stream | None = None, name: str | None = None
     ) -> Event:
         """Enqueue the kernel on ``stream`` (the device's default stream if None). Non-blocking; returns an Event."""
-        from .buffer import Buffer
-
         grid_t, block_t = _dims(grid, "grid"), _dims(block, "block")
         if not isinstance(args, (tuple, list)):
             raise InvalidArgument("kernel args must be a tuple or list")
@@ -80,7 +81,7 @@ class Kernel:
             keep=converted,
         )
         for b in buffers:
-            b._touch(event._completion)
+            b._touch(stream.id, event._completion)
         return event
 
     def __repr__(self) -> str:
@@ -212,6 +213,116 @@ class _ToC(ast.NodeVisitor):
         return f"{c_name}({', '.join(args)})"
 
 
+_WGSL_TYPES = {"float32": "f32", "int32": "i32", "uint32": "u32"}
+_WGSL_GROUP = 256  # threads per workgroup in generated WGSL; grids past 65535 groups spill into y
+
+
+class _ToWGSL(ast.NodeVisitor):
+    """Turns one parsed expression into WGSL with C's meaning; each node gives (text, type), types meet as in C.
+
+    WGSL converts nothing implicitly, so operands are cast to the type C would compute in; "af"/"ai" are literals."""
+
+    def __init__(self, types: dict[str, str], arrays: set[str]) -> None:
+        self.types, self.arrays, self.used = types, arrays, set()
+        self.floats = "f32" in types.values()
+
+    @staticmethod
+    def cast(value: tuple[str, str], to: str) -> str:
+        text, t = value
+        if t == to or (t == "ai" and to != "bool") or (t == "af" and to == "f32"):
+            return text
+        return f"{to}({text})"
+
+    @staticmethod
+    def meet(*values: tuple[str, str]) -> str:
+        kinds = {t for _, t in values}
+        return "f32" if kinds & {"f32", "af"} else "u32" if "u32" in kinds else "i32"
+
+    def generic_visit(self, node: ast.AST) -> tuple[str, str]:
+        raise InvalidArgument(f"elementwise expressions cannot contain {type(node).__name__} ({ast.unparse(node)!r})")
+
+    def visit_Name(self, node: ast.Name) -> tuple[str, str]:
+        if node.id not in self.types:
+            raise InvalidArgument(f"elementwise expression uses {node.id!r}, which is not a declared parameter")
+        self.used.add(node.id)
+        return (f"{node.id}[gw_i]" if node.id in self.arrays else f"gw_args.{node.id}"), self.types[node.id]
+
+    def visit_Constant(self, node: ast.Constant) -> tuple[str, str]:
+        if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
+            raise InvalidArgument(f"elementwise constant {node.value!r} is not a number")
+        if isinstance(node.value, int):
+            return str(node.value), "ai"
+        text = repr(node.value)
+        return (text if "e" in text or "." in text else text + ".0"), "af"
+
+    def visit_BinOp(self, node: ast.BinOp) -> tuple[str, str]:
+        op = _BINOPS.get(type(node.op))
+        if op is None:
+            raise InvalidArgument(f"operator {ast.unparse(node)!r} is not supported in elementwise expressions")
+        left, right = self.visit(node.left), self.visit(node.right)
+        t = "bool" if op in ("&&", "||") else self.meet(left, right)
+        return f"({self.cast(left, t)} {op} {self.cast(right, t)})", t
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> tuple[str, str]:
+        value = self.visit(node.operand)
+        if isinstance(node.op, (ast.Invert, ast.Not)):
+            return f"(!{self.cast(value, 'bool')})", "bool"
+        if not isinstance(node.op, (ast.USub, ast.UAdd)):
+            raise InvalidArgument(f"operator in {ast.unparse(node)!r} is not supported")
+        t = value[1] if value[1] in ("f32", "af", "ai", "u32") else "i32"
+        sign = "" if isinstance(node.op, ast.UAdd) else "0u - " if t == "u32" else "-"
+        return f"({sign}{self.cast(value, t)})", t
+
+    def visit_Compare(self, node: ast.Compare) -> tuple[str, str]:
+        if len(node.ops) != 1:
+            raise InvalidArgument(f"chained comparison {ast.unparse(node)!r}: write (a < b) & (b < c)")
+        left, right = self.visit(node.left), self.visit(node.comparators[0])
+        t = self.meet(left, right)
+        return f"({self.cast(left, t)} {_CMPOPS[type(node.ops[0])]} {self.cast(right, t)})", "bool"
+
+    def visit_Call(self, node: ast.Call) -> tuple[str, str]:
+        fname = node.func.id if isinstance(node.func, ast.Name) else ""
+        args = [self.visit(a) for a in node.args]
+        if fname == "where" and len(args) == 3:
+            t = self.meet(args[1], args[2])
+            return f"select({self.cast(args[2], t)}, {self.cast(args[1], t)}, {self.cast(args[0], 'bool')})", t
+        if fname not in _FUNCS:
+            known = ", ".join(sorted([*_FUNCS, "where"]))
+            raise InvalidArgument(f"function {fname or ast.unparse(node.func)!r} is not supported; known: {known}")
+        t = "f32" if self.floats or _FUNCS[fname][1] is None else self.meet(*args)
+        return f"{fname}({', '.join(self.cast(a, t) for a in args)})", t
+
+
+def _wgsl_source(name: str, params: list[tuple[str, np.dtype]], statements: list, mask: tuple[bool, ...]) -> str:
+    """WGSL for one elementwise kernel: arrays at bindings 0..k in order, scalars and the count in a uniform after."""
+    for pname, dt in params:
+        if dt.name not in _WGSL_TYPES:
+            raise InvalidArgument(
+                f"elementwise parameter {pname!r} is {dt}; WebGPU kernels take float32, int32 and uint32 only"
+            )
+    types = {n: _WGSL_TYPES[dt.name] for n, dt in params}
+    arrays = [n for (n, _), a in zip(params, mask) if a]
+    outputs = {target for target, _ in statements}
+    to_wgsl = _ToWGSL(types, set(arrays))
+    lines = [f"{n}[gw_i] = {to_wgsl.cast(to_wgsl.visit(e), types[n])};" for n, e in statements]
+    lines += [f"_ = arrayLength(&{n});" for n in arrays if n not in to_wgsl.used | outputs]  # keep it in the layout
+    fields = [f"{n}: {types[n]}" for (n, _), a in zip(params, mask) if not a] + ["gw_n: u32"]
+    decls = [
+        f"@group(0) @binding({b}) var<storage, {'read_write' if n in outputs else 'read'}> {n}: array<{types[n]}>;"
+        for b, n in enumerate(arrays)
+    ]
+    body = "\n".join(f"        {line}" for line in lines)
+    return (
+        f"struct GwArgs {{ {', '.join(fields)} }}\n" + "\n".join(decls) + "\n"
+        f"@group(0) @binding({len(arrays)}) var<uniform> gw_args: GwArgs;\n\n"
+        f"@compute @workgroup_size({_WGSL_GROUP})\n"
+        f"fn {name}(@builtin(global_invocation_id) gw_id: vec3<u32>,\n"
+        f"        @builtin(num_workgroups) gw_groups: vec3<u32>) {{\n"
+        f"    let gw_i = gw_id.x + gw_id.y * gw_groups.x * {_WGSL_GROUP}u;\n"
+        f"    if (gw_i < gw_args.gw_n) {{\n{body}\n    }}\n}}\n"
+    )
+
+
 def _is_integer(value: Any) -> bool:
     return np.asarray(value).dtype.kind in "iub"
 
@@ -326,8 +437,10 @@ class ElementwiseKernel:
 
     # ------------------------------------------------------------------ per-backend source
     def source(self, language: str, is_array: Sequence[bool] | None = None) -> str:
-        """The generated CUDA C or OpenCL C (``language`` "cuda" or "opencl") for the given array/scalar mask."""
+        """The generated CUDA C, OpenCL C or WGSL (``language`` "cuda", "opencl", "wgsl") for the array/scalar mask."""
         mask = tuple(is_array) if is_array is not None else (True,) * len(self.params)
+        if language == "wgsl":
+            return _wgsl_source(self.name, self.params, self.statements, mask)
         arrays = {n for (n, _), a in zip(self.params, mask) if a}
         scalars = {n for (n, _), a in zip(self.params, mask) if not a}
         float_names = {n for n, dt in self.params if dt.kind == "f"}
@@ -389,7 +502,7 @@ class ElementwiseKernel:
                 language = device.caps.kernel_language
                 if language == "python":
                     src: Any = self._numpy_callable(mask)
-                elif language in ("cuda", "opencl"):
+                elif language in ("cuda", "opencl", "wgsl"):
                     src = self.source(language, mask)
                 else:
                     raise InvalidArgument(f"elementwise has no code generator for {language!r} kernels yet")
@@ -402,8 +515,6 @@ class ElementwiseKernel:
 
     def __call__(self, *args: Any, stream: Stream | None = None, block: int = 256) -> Event:
         """Enqueue the expression over every element on ``stream``. Non-blocking; returns an Event."""
-        from .buffer import Buffer
-
         if len(args) != len(self.params):
             raise InvalidArgument(f"{self.name} takes {len(self.params)} arguments ({self._sig()}), got {len(args)}")
         mask = tuple(isinstance(a, Buffer) for a in args)
@@ -432,6 +543,10 @@ class ElementwiseKernel:
         values = [a if isinstance(a, Buffer) else dt.type(a) for a, (_, dt) in zip(args, self.params)]
         if device.caps.kernel_language == "python":
             return kernel((1,), (1,), values, stream=stream)
+        if device.caps.kernel_language == "wgsl":  # the count is a u32; the workgroup size is fixed in the source
+            groups = -(-n // _WGSL_GROUP)
+            grid = (min(groups, 65535), -(-groups // 65535))
+            return kernel(grid, (_WGSL_GROUP,), [*values, np.uint32(n)], stream=stream)
         index = np.int64(n)
         return kernel(((n + block - 1) // block,), (block,), [*values, index], stream=stream)
 

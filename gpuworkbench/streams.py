@@ -49,6 +49,7 @@ class Event:
     def _raise_if_failed(self) -> None:
         error = getattr(self._completion, "error", None)
         if error is not None:
+            self.stream._forget(self._completion)  # reported here: the stream's synchronize() need not repeat it
             raise GpuError(f"an op on stream {self.stream.label!r} failed: {error!r}") from error
 
     def __await__(self):  # noqa: ANN204 - generator protocol
@@ -78,14 +79,20 @@ class Stream:
         self.device, self.label, self.id = device, label, stream_id
         self._raw = device._backend.create_stream()
         self._inflight: deque[tuple[Any, Any]] = deque()
+        self._appended = 0
         self._lock = threading.Lock()
         self.closed = False
 
     def _track(self, completion: Any, keep: Any) -> None:
         with self._lock:
             self._inflight.append((completion, keep))
-            if len(self._inflight) > 64:
+            self._appended += 1
+            if self._appended & 63 == 0:  # prune now and then, not on every op: this is the launch path
                 self._prune()
+
+    def _forget(self, completion: Any) -> None:
+        with self._lock:
+            self._inflight = deque(item for item in self._inflight if item[0] is not completion)
 
     def _prune(self) -> None:
         q = self._inflight
@@ -141,12 +148,14 @@ class Stream:
         return Event(completion, self, keep)
 
     def close(self) -> None:
-        """Wait for the stream's work, then release it."""
+        """Wait for the stream's work, then release it (raising, once released, if an unreported op failed)."""
         if not self.closed:
-            self.synchronize()
-            self.device._backend.destroy_stream(self._raw)
-            self.closed = True
-            self.device._forget_stream(self)
+            try:
+                self.synchronize()  # raises for a failed op nobody waited on, after releasing the stream
+            finally:
+                self.device._backend.destroy_stream(self._raw)
+                self.closed = True
+                self.device._forget_stream(self)
 
     def __enter__(self) -> Stream:
         return self

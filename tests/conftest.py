@@ -46,8 +46,11 @@ def open_device(name: str) -> gw.Device:
 
 def release_leftovers(dev: gw.Device) -> list[gw.Buffer]:
     """Collect garbage, free the buffers still live on ``dev`` and return them (empty when nothing leaked)."""
-    gc.collect()
     leaked = dev.live_buffers
+    if leaked:  # maybe garbage in a reference cycle: collect before calling it a leak
+        del leaked
+        gc.collect()
+        leaked = dev.live_buffers
     for buf in leaked:
         buf.free()
     return leaked

@@ -142,6 +142,17 @@ def test_failed_op_raises_on_wait_and_the_stream_goes_on(cpu):
         out = np.empty_like(data)
         buf.copy_to_host_async(out, s).wait()
         assert np.array_equal(out, data)
+    s.synchronize()  # the failure was reported by wait(): not again
+    s.close()
+
+
+def test_unwaited_failure_is_raised_once_by_synchronize(cpu):
+    s = cpu.create_stream()
+    cpu.compile(lambda: [][1], "index_error")(1, 1, (), stream=s)
+    with pytest.raises(gw.GpuError, match="IndexError"):
+        s.synchronize()
+    s.synchronize()
+    s.record().wait()
     s.close()
 
 

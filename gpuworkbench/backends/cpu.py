@@ -87,6 +87,7 @@ class _Worker:
             except BaseException as exc:  # noqa: BLE001 - a failing kernel must not kill the stream
                 op.error = exc
             op.end = time.perf_counter_ns()
+            op.fn = None  # drop the closure (and the host arrays it holds) as soon as the work is done
             op._event.set()
 
     def submit(self, fn: Callable[[], None] | None) -> _Op:

@@ -102,7 +102,8 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
         meta("process_name", dev, 0, name=f"{clock.key} {clock.name}" if clock else f"device {dev}")
         meta("process_sort_index", dev, 0, sort_index=dev)
         if clock is not None:
-            meta("process_labels", dev, 0, labels=f"timestamps: {clock.source}, alignment ±{clock.error_ns / 1000:.1f} us")
+            alignment = f"timestamps: {clock.source}, alignment ±{clock.error_ns / 1000:.1f} us"
+            meta("process_labels", dev, 0, labels=alignment)
     device_rows = sorted(
         {(int(d), int(s)) for d, s, k in zip(table["device"], table["stream"], kind_col) if k not in host_kinds}
     )
@@ -135,7 +136,8 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
             continue
         correlation = int(i) + 1
         pinned = int(table["pinned"][i])
-        args = {"device": dev, "stream": sid + STREAM_OFFSET, "correlation": correlation}
+        tid = sid + STREAM_OFFSET
+        args = {"device": dev, "stream": tid, "correlation": correlation}
         if name and kind != "kernel":
             args["op"] = name
         if nbytes:
@@ -155,7 +157,7 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
                 "cat": _CATEGORY[kind],
                 "name": _device_name(kind, pinned, name),
                 "pid": dev,
-                "tid": sid + STREAM_OFFSET,
+                "tid": tid,
                 "ts": _us(start - origin),
                 "dur": _us(end - start),
                 "args": args,
@@ -177,7 +179,7 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
             )
             flow = {"cat": "ac2g", "name": "ac2g", "id": correlation}
             events.append({"ph": "s", **flow, "pid": HOST_PID, "tid": _HOST_TID, "ts": ts})
-            events.append({"ph": "f", "bp": "e", **flow, "pid": dev, "tid": sid + STREAM_OFFSET, "ts": _us(start - origin)})
+            events.append({"ph": "f", "bp": "e", **flow, "pid": dev, "tid": tid, "ts": _us(start - origin)})
 
     doc = {
         "schemaVersion": 1,

@@ -421,6 +421,24 @@ class Trace:
 
         return summarize(self.table(), window=window)
 
+    def timeline(self, **kw: Any):  # noqa: ANN201 - a bokeh figure
+        """A Bokeh timeline, one row per device stream (options: ``viz.timeline_figure``); waits for pending spans."""
+        from ..viz.timeline import trace_timeline
+
+        return trace_timeline(self, **kw)
+
+    def memory_plot(self, **kw: Any):  # noqa: ANN201 - a bokeh figure
+        """A Bokeh plot of bytes held per device over time beside the device's used total (``viz.memory_figure``)."""
+        from ..viz.memory import trace_memory_plot
+
+        return trace_memory_plot(self, **kw)
+
+    def show(self):  # noqa: ANN201 - None in a notebook, else a bokeh layout
+        """Display timeline, memory plot and summary in a notebook (inline BokehJS); elsewhere return the layout."""
+        from ..viz import show_trace
+
+        return show_trace(self)
+
     @classmethod
     def from_records(cls, records: Any, device_names: Mapping[int, str] | None = None) -> Trace:
         """A finished trace built from dicts (kind, stream, start_ns, end_ns, ...), e.g. to analyse by hand."""

@@ -188,9 +188,8 @@ def state_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) 
         ends = np.append(starts[1:], state.size) - 1
         parts.append((device, seg["start_ns"][starts], seg["end_ns"][ends], state[starts]))
     if not parts:
-        nothing = np.zeros(0)
-        labels = np.zeros(0, dtype=object)
-        return {"left": nothing, "right": nothing, "row": labels, "state": labels, "color": labels, "duration_us": nothing}
+        times, labels = np.zeros(0), np.zeros(0, dtype=object)
+        return {"left": times, "right": times, "row": labels, "state": labels, "color": labels, "duration_us": times}
     lefts = np.concatenate([p[1] for p in parts])
     rights = np.concatenate([p[2] for p in parts])
     states = np.concatenate([p[3] for p in parts])
