@@ -31,6 +31,8 @@ def enqueue(
         completion = call(False)
         stream._track(completion, keep)
         return completion
+    if len(traces) == 1:
+        return traces[0].record_op(stream, kind, nbytes, name, pinned, call, keep)
     enqueue_ns = time.perf_counter_ns()
     device = stream.device
     numbered = [(t, t.device_number(device)) for t in list(traces)]

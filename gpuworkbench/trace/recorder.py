@@ -116,11 +116,12 @@ class Trace:
         self.capacity, self.interval_s, self.source = capacity, interval_s, source
         self._spans = _Columns(COLUMNS, capacity)
         self._memory = _Columns(MEMORY_COLUMNS, capacity)
-        self._pending: deque[_Pending] = deque()
+        self._pending: deque[tuple] = deque()  # _Pending fields as tuples: cheap on the enqueue path
         self._waiting: list[_Pending] = []
         self._lock = threading.Lock()
         self._devices: dict[int, DeviceClock] = {}  # trace device number -> clock
         self._device_numbers: dict[int, int] = {}  # id(Device state) -> trace device number
+        self._cupti_flags: list[bool] = []  # per trace device number: spans come from CUPTI
         self._stream_labels: dict[tuple[int, int], str] = {}
         self._cupti: Any = None
         self._cupti_records: dict[int, list[tuple[int, int, int, int]]] = {}
@@ -135,7 +136,9 @@ class Trace:
 
     # ------------------------------------------------------------------ lifetime
     def start(self) -> Trace:
-        """Begin recording (the context manager calls this)."""
+        """Begin recording (the context manager calls this); starting a trace that records already does nothing."""
+        if self.recording:
+            return self
         self.started_ns = time.perf_counter_ns()
         with _ACTIVE_LOCK:
             ACTIVE.append(self)
@@ -174,6 +177,7 @@ class Trace:
                 return self._device_numbers[key]
             number = len(self._devices)
             self._devices[number] = self._align(device)
+            self._cupti_flags.append(self._devices[number].source == "cupti")
             self._device_numbers[key] = number
             for sid, label in device._stream_labels().items():
                 self._stream_labels[(number, sid)] = label
@@ -220,6 +224,32 @@ class Trace:
     def uses_cupti(self, device_number: int) -> bool:
         return self._devices[device_number].source == "cupti"
 
+    def record_op(
+        self, stream: Any, kind: str, nbytes: int, name: str, pinned: int, call: Any, keep: Any = None
+    ) -> Any:
+        """Enqueue one op through ``call(timed)`` and record it: the fast path when one trace records."""
+        enqueue_ns = time.perf_counter_ns()
+        device = stream.device
+        number = self._device_numbers.get(id(device))
+        if number is None:
+            number = self.device_number(device)
+        op_id = next(self._op_ids)
+        cupti = self._cupti_flags[number]
+        if cupti:
+            self._cupti.push_external_id(op_id)
+            try:
+                completion = call(False)
+            finally:
+                self._cupti.pop_external_id()
+        else:
+            completion = call(True)
+        stream._track(completion, keep)
+        self._pending.append(
+            (op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, cupti)
+        )
+        self.stats.ops += 1
+        return completion
+
     def op_begin(self, device_number: int) -> int:
         """Reserve an op id; on a CUPTI device it is pushed as the external correlation id of what follows."""
         op_id = next(self._op_ids)
@@ -249,7 +279,7 @@ class Trace:
         if cupti:
             self._cupti.pop_external_id()
         self._pending.append(
-            _Pending(op_id, device_number, stream, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, cupti)
+            (op_id, device_number, stream, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, cupti)
         )
         self.stats.ops += 1
 
@@ -309,7 +339,7 @@ class Trace:
                         (rec["start_ns"], rec["end_ns"], rec.get("bytes", 0), rec.get("pinned", -1))
                     )
         while self._pending:
-            self._waiting.append(self._pending.popleft())
+            self._waiting.append(_Pending(*self._pending.popleft()))
         added = 0
         keep: list[_Pending] = []
         for p in self._waiting:
