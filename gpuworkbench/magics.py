@@ -196,9 +196,9 @@ class GpuMagics(Magics):
         """The device chosen with ``%gpu use``, else the one ``gw.Device()`` picks."""
         from .device import Device
 
-        if self.device is None or self.device.closed:
-            self.device = Device()
-        return self.device
+        if self.device is not None and not self.device.closed:
+            return self.device
+        return Device()
 
     # ------------------------------------------------------------------ %gpu
     def _devices(self, args: list[str]) -> None:
@@ -322,8 +322,8 @@ class GpuMagics(Magics):
         except OSError as exc:
             _error("%gpu export", f"cannot write {path}: {exc.strerror or exc}")
             return
-        spans = sum(1 for e in doc["traceEvents"] if e["ph"] == "X")
-        print(f"wrote {what} ({spans} events) to {path}; open it in https://ui.perfetto.dev")
+        events = len(doc["traceEvents"])
+        print(f"wrote {what} ({len(trace)} spans, {events} events) to {path}; open it in https://ui.perfetto.dev")
 
     # ------------------------------------------------------------------ %gpu bench
     def _bench(self, args: list[str]) -> None:
@@ -416,6 +416,8 @@ class GpuMagics(Magics):
             ["launch and wait (median)", _us(results["round_trip_s"])],
         ]
         notes = [f"{dev.spec} {dev.name}, a one-element kernel y = x + 1"]
+        if dev.caps.kernel_language == "python":
+            notes.append("the CPU backend's worker threads share Python's GIL with the host: launches wait for it")
         self._present(_Table(["launch", "time"], rows, notes))
         return results
 
@@ -560,3 +562,10 @@ class GpuMagics(Magics):
             return
         if shown is not None:
             display(shown)
+
+
+GpuMagics.gpu.__doc__ = f"""The %gpu line magic and %%gpu cell magic.
+
+{LINE_USAGE}
+{CELL_USAGE}
+"""

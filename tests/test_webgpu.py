@@ -86,6 +86,18 @@ def test_round_trip(dev, dtype, n):
         assert np.array_equal(host, a)
 
 
+def test_later_op_delivers_earlier_read_back(dev):
+    a = np.arange(1000, dtype=np.float32)
+    host = np.zeros_like(a)
+    with dev.alloc(1000) as buf:
+        buf.copy_from_host(a)
+        s = dev.create_stream()
+        buf.copy_to_host_async(host, s)  # its Event is never looked at
+        s.record().wait()  # a later op on the same stream: everything before it is done, read-backs included
+        assert np.array_equal(host, a)
+        s.close()
+
+
 def test_device_copy_and_fill(dev):
     n = 1001  # not a whole number of 4-byte words
     a = (np.arange(n) % 200).astype(np.uint8)

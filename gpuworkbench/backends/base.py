@@ -22,8 +22,8 @@ class Caps:
     pinned_memory: bool  # page-locked host arrays exist and make async copies truly asynchronous
     memory_free_known: bool  # memory_info()'s free figure is the device's own (else: total minus our allocations)
     graphs: str  # "native" (captured by the driver), "recorded" (replayed by us), or "none"
-    timestamps: str  # where span times come from: "events", "profiling", "perf_counter"
-    kernel_language: str  # what Device.compile takes: "cuda", "opencl" or "python"
+    timestamps: str  # where span times come from: "events", "profiling", "timestamp-query", "perf_counter"
+    kernel_language: str  # what Device.compile takes: "cuda", "opencl", "wgsl" or "python"
     device_pointers: bool  # buffers expose __cuda_array_interface__
 
 

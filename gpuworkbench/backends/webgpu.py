@@ -89,63 +89,78 @@ class _Fence:
 
 
 class _Completion:
-    """One submission: ``done`` polls its map promises; once settled, read-back data and timestamps are collected."""
+    """One submission: done once its map promises settle; then read-back data and timestamps are collected."""
 
-    def __init__(self, owner: WebGPUDevice, fence: _Fence, timed: bool, staging: Any, dst: Any, skip: int) -> None:
-        self._owner, self._fence, self._timed = owner, fence, timed
+    def __init__(self, owner: WebGPUDevice, stream: _Stream, fence: _Fence, timed: bool, staging: Any, dst: Any,
+                 skip: int) -> None:  # fmt: skip
+        self._owner, self._stream, self._fence, self._timed = owner, stream, fence, timed
         self._staging, self._dst, self._skip = staging, dst, skip
         self._promises = [_map_read(b) for b in (fence.readback, staging) if b is not None]
         self._submitted = time.perf_counter_ns()
         self._times: tuple[int, int] | None = None
         self._finished = False
-        self._lock = threading.Lock()
         self.error: BaseException | None = None
 
+    def settled(self) -> bool:
+        return all(_settled(p) for p in self._promises)
+
     def done(self) -> bool:
-        if not self._finished:
-            if not all(_settled(p) for p in self._promises):
-                return False
-            self._finish()
-        return True
+        if not self._finished and self.settled():
+            self._stream.collect(self, block=False)
+        return self._finished
 
     def wait(self) -> None:
-        self._finish()
+        self._stream.collect(self, block=True)
 
     def times_ns(self) -> tuple[int, int] | None:
         return self._times if self._finished else None
 
     def _finish(self) -> None:
-        with self._lock:
-            if self._finished:
-                return
-            fence = self._fence
-            try:
-                for promise in self._promises:
-                    promise.sync_wait()  # blocks only in wait(); done() calls it once settled
-                if self._staging is not None:
-                    data = np.frombuffer(self._staging.read_mapped(copy=False), np.uint8)
-                    self._dst.reshape(-1).view(np.uint8)[:] = data[self._skip : self._skip + self._dst.nbytes]
-                if self._timed and fence.queries is not None:
-                    start, end = np.frombuffer(fence.readback.read_mapped(), np.uint64)
-                    period = self._owner._period
-                    self._times = int(int(start) * period), int(int(end) * period)
-                elif self._timed:  # no timestamp-query feature: submission to first sight of completion, host clock
-                    self._times = self._submitted, time.perf_counter_ns()
-                fence.readback.unmap()
-                self._owner._fences.append(fence)
-            except Exception as exc:  # noqa: BLE001 - a failed map is the op's failure, reported by the front end
-                self.error = exc
-            finally:
-                if self._staging is not None:
-                    self._staging.destroy()
-                self._finished, self._dst = True, None
+        """Copy read-back data to the host, read the timestamps, return the fence; called in stream order."""
+        fence = self._fence
+        try:
+            for promise in self._promises:
+                promise.sync_wait()  # returns at once when settled
+            if self._staging is not None:
+                data = np.frombuffer(self._staging.read_mapped(copy=False), np.uint8)
+                self._dst.reshape(-1).view(np.uint8)[:] = data[self._skip : self._skip + self._dst.nbytes]
+            if self._timed and fence.queries is not None:
+                start, end = (int(t) for t in np.frombuffer(fence.readback.read_mapped(), np.uint64))
+                self._times = int(start * self._owner._period), int(end * self._owner._period)
+            elif self._timed:  # no timestamp-query feature: from submission to first sight of completion, host clock
+                self._times = self._submitted, time.perf_counter_ns()
+            fence.readback.unmap()
+            self._owner._fences.append(fence)
+        except Exception as exc:  # noqa: BLE001 - a failed map is the op's failure, reported by the front end
+            self.error = exc
+        finally:
+            if self._staging is not None:
+                self._staging.destroy()
+            self._finished, self._dst = True, None
 
 
 class _Stream:
-    """A stream: the submissions it made to the device's one queue that may still need collecting."""
+    """A stream: its submissions to the device's one queue, collected strictly in order.
+
+    Collecting op k also collects every earlier op of the stream (the queue ran them first), so a host array filled
+    by an earlier read-back is ready whenever a later op on the stream reports done, as on every other backend."""
 
     def __init__(self) -> None:
         self.pending: deque[_Completion] = deque()
+        self._lock = threading.Lock()
+
+    def collect(self, upto: _Completion | None, block: bool) -> None:
+        """Finish ops in order through ``upto`` (all when None); without ``block``, stop at one not yet settled."""
+        if not self._lock.acquire(blocking=block):
+            return  # another thread is collecting this stream; done() answers "not yet" rather than wait
+        try:
+            while self.pending and not (upto is not None and upto._finished):
+                if not block and not self.pending[0].settled():
+                    return
+                self.pending[0]._finish()
+                self.pending.popleft()
+        finally:
+            self._lock.release()
 
 
 class WebGPUDevice(BackendDevice):
@@ -228,8 +243,7 @@ class WebGPUDevice(BackendDevice):
         staging: Any = None, dst: Any = None, skip: int = 0,
     ) -> _Completion:  # fmt: skip
         """Submit ``encode(encoder, timestamp_writes)`` (after ``before()``, a queue write) bracketed by timestamps."""
-        while stream.pending and stream.pending[0].done():
-            stream.pending.popleft()
+        stream.collect(None, block=False)
         stamps = timed and self._timestamps
         with self._lock:
             fence = self._fences.pop() if self._fences else _Fence(self._dev, self._timestamps)
@@ -250,7 +264,7 @@ class WebGPUDevice(BackendDevice):
                 encoder.resolve_query_set(fence.queries, 0, 2, fence.resolved, 0)
             encoder.copy_buffer_to_buffer(fence.resolved, 0, fence.readback, 0, 16)
             self._queue.submit([encoder.finish()])
-            completion = _Completion(self, fence, timed, staging, dst, skip)
+            completion = _Completion(self, stream, fence, timed, staging, dst, skip)
             stream.pending.append(completion)
         return completion
 
@@ -312,8 +326,7 @@ class WebGPUDevice(BackendDevice):
         # Otherwise nothing to do: the one queue runs submissions in order, so earlier work is already ahead.
 
     def synchronize_stream(self, stream: _Stream) -> None:
-        while stream.pending:
-            stream.pending.popleft().wait()
+        stream.collect(None, block=True)
 
     # ------------------------------------------------------------------ kernels
     def compile(self, source: Any, name: str, options: Sequence[str]) -> Any:
@@ -327,7 +340,7 @@ class WebGPUDevice(BackendDevice):
             compute = {"module": module, "entry_point": name}
             return self._dev.create_compute_pipeline(label=name, layout="auto", compute=compute)
         except wgpu.GPUError as exc:
-            raise CompileError(name, str(exc.message if hasattr(exc, "message") else exc), source) from None
+            raise CompileError(name, str(exc), source) from None  # wgpu's validation message
 
     def launch(
         self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: _Stream,

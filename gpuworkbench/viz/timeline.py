@@ -22,6 +22,7 @@ from bokeh.models import (
     WheelZoomTool,
 )
 from bokeh.plotting import figure
+from bokeh.transform import factor_cmap
 
 from gpuworkbench.trace.analysis import STATES, state_segments
 from gpuworkbench.trace.spans import KINDS
@@ -54,10 +55,7 @@ STATE_COLORS: dict[str, str] = {
 WEBGL_THRESHOLD = 5_000
 
 _KIND_NAMES = np.array(KINDS, dtype=object)
-_KIND_COLOR_ARRAY = np.array([KIND_COLORS[k] for k in KINDS], dtype=object)
 _COPY_KINDS = np.array([k in ("h2d", "d2h", "d2d") for k in KINDS])
-_STATE_ORDER = np.array(sorted(STATES))  # for a vectorised state -> colour lookup
-_STATE_PALETTE = np.array([STATE_COLORS[state] for state in _STATE_ORDER], dtype=object)
 _BAR_HEIGHT = 0.8
 _AXIS_PX = 90  # room for the title, the x axis and the toolbar
 
@@ -165,12 +163,10 @@ def span_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) -
         "right": (end - t0_ns) / 1e6,
         "row": rows.labels(table["device"], table["stream"]),
         "kind": _KIND_NAMES[kind],
-        "color": _KIND_COLOR_ARRAY[kind],
         "name": np.asarray(table["name"], dtype=object),
         "bytes": nbytes,
         "gbps": gbps,
         "duration_us": duration / 1e3,
-        "stream": np.asarray(table["stream"], dtype=np.int32),
     }
 
 
@@ -189,7 +185,7 @@ def state_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) 
         parts.append((device, seg["start_ns"][starts], seg["end_ns"][ends], state[starts]))
     if not parts:
         times, labels = np.zeros(0), np.zeros(0, dtype=object)
-        return {"left": times, "right": times, "row": labels, "state": labels, "color": labels, "duration_us": times}
+        return {"left": times, "right": times, "row": labels, "state": labels, "duration_us": times}
     lefts = np.concatenate([p[1] for p in parts])
     rights = np.concatenate([p[2] for p in parts])
     states = np.concatenate([p[3] for p in parts])
@@ -199,7 +195,6 @@ def state_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) 
         "right": (rights - t0_ns) / 1e6,
         "row": row,
         "state": states,
-        "color": _STATE_PALETTE[np.searchsorted(_STATE_ORDER, states.astype(str))],
         "duration_us": (rights - lefts) / 1e3,
     }
 
@@ -262,7 +257,7 @@ def build_timeline(
             left="left",
             right="right",
             height=_BAR_HEIGHT,
-            fill_color="color",
+            fill_color=factor_cmap("state", [STATE_COLORS[s] for s in STATES], list(STATES)),
             line_color=None,
             source=state_source,
             legend_field="state",
@@ -277,13 +272,14 @@ def build_timeline(
         )
 
     span_source = ColumnDataSource(span_columns(table, rows, t0_ns), name="spans")
+    kind_colors = factor_cmap("kind", [KIND_COLORS[k] for k in KINDS], list(KINDS))
     bars = fig.hbar(
         y="row",
         left="left",
         right="right",
         height=_BAR_HEIGHT,
-        fill_color="color",
-        line_color="color",  # an outline keeps zero-length spans (markers) visible
+        fill_color=kind_colors,
+        line_color=kind_colors,  # an outline keeps zero-length spans (markers) visible
         line_width=1,
         source=span_source,
         legend_field="kind",
