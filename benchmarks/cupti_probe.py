@@ -2,12 +2,15 @@
 
 Runs spin kernels of known length, pinned and pageable H2D copies, a D2H, a D2D and a memset on two non-blocking
 streams, tags each with an external id, polls ``flush()`` from a background thread without synchronizing, then
-prints every record and checks durations, overlap, pinned flags and id joins. Usage: python benchmarks/cupti_probe.py
+prints every record and checks durations, overlap, pinned flags and id joins. Also: launch cost untraced / traced /
+traced while flushing, the cost of one flush of 4 000 kernel records, the record layouts (cupti-python dtypes against
+CUPTI's own walk), and kernel names read after their module is released. Usage: python benchmarks/cupti_probe.py
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import threading
@@ -33,9 +36,10 @@ MIB = 1 << 20
 class Poller(threading.Thread):
     """Calls ``flush()`` every few ms; keeps the records and the time each flush took."""
 
-    def __init__(self, src: CuptiSource, period_s: float) -> None:
+    def __init__(self, src: CuptiSource, period_s: float, fn: Any = None) -> None:
         super().__init__(daemon=True)
         self.src, self.period_s = src, period_s
+        self.fn = fn or src.flush
         self.stop_event = threading.Event()
         self.records: list[dict[str, Any]] = []
         self.flushes: list[tuple[float, int]] = []  # (seconds, records returned)
@@ -43,58 +47,164 @@ class Poller(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.is_set():
             t0 = time.perf_counter()
-            recs = self.src.flush()
+            recs = self.fn()
             self.flushes.append((time.perf_counter() - t0, len(recs)))
             self.records.extend(recs)
             time.sleep(self.period_s)
 
 
 class CallbackTimer:
-    """Wraps the source's buffer callback body: when, how long, on which thread, and a per-record cost probe."""
+    """Wraps the source's buffer-completed body and its decoder: when, how long, how many bytes, on which thread."""
 
-    def __init__(self, src: CuptiSource) -> None:
-        self.entries: list[tuple[int, int, int, str]] = []  # (entry ns, ns in callback, records, thread name)
-        self.kind = ""
-        self.iter_ns = self.attr_ns = self.read_ns = -1.0
-        self._orig = src._ingest
+    def __init__(self, src: CuptiSource, keep_bytes: int = 256 << 20) -> None:
+        self.entries: list[tuple[int, int, int, str]] = []  # (entry ns, ns in callback, bytes, thread name)
+        self.decodes: list[tuple[int, int]] = []  # (ns in _decode, span records out)
+        self.buffers: list[bytes] = []  # copies of what CUPTI handed back, for the walk check (up to keep_bytes)
+        self._keep = keep_bytes
+        self._orig, self._orig_decode = src._ingest, src._decode
         src._ingest = self  # type: ignore[method-assign]
+        src._decode = self._decode  # type: ignore[method-assign]
 
-    def __call__(self, acts: Any) -> None:
-        t_entry = t0 = time.perf_counter_ns()
-        n = len(acts) if hasattr(acts, "__len__") else -1
-        if self.iter_ns < 0 and n >= 200:
-            try:
-                self._probe(acts, n)
-            except Exception as exc:  # noqa: BLE001  (a diagnostic must not lose the buffer)
-                self.kind = f"probe failed: {exc!r}"
-            t0 = time.perf_counter_ns()
-        self._orig(acts)
-        self.entries.append((t_entry, time.perf_counter_ns() - t0, n, threading.current_thread().name))
+    def __call__(self, data: bytes) -> None:
+        t0 = time.perf_counter_ns()
+        self._orig(data)
+        self.entries.append((t0, time.perf_counter_ns() - t0, len(data), threading.current_thread().name))
+        if self._keep >= len(data):
+            self._keep -= len(data)
+            self.buffers.append(data)
 
-    def _probe(self, acts: Any, n: int) -> None:
-        self.kind = f"{type(acts).__name__} of {type(acts[0]).__name__}"
-        t = time.perf_counter_ns()
-        for _ in acts:
-            pass
-        self.iter_ns = (time.perf_counter_ns() - t) / n
-        t = time.perf_counter_ns()
-        kinds = [a.kind for a in acts]
-        self.attr_ns = (time.perf_counter_ns() - t) / n
-        timed = [a for a, k in zip(acts, kinds, strict=True) if k == kinds[-1]]
-        t = time.perf_counter_ns()
-        for a in timed:
-            (a.correlation_id, a.correlation_id, a.correlation_id)  # noqa: B018
-        self.read_ns = (time.perf_counter_ns() - t) / max(len(timed), 1) / 3
+    def _decode(self, buffers: list[bytes]) -> Any:
+        t0 = time.perf_counter_ns()
+        out = self._orig_decode(buffers)
+        self.decodes.append((time.perf_counter_ns() - t0, 0 if out[0] is None else out[0]["start"].size))
+        return out
 
     def report(self) -> None:
         n = sum(e[2] for e in self.entries)
         t = sum(e[1] for e in self.entries)
         threads = sorted({e[3] for e in self.entries})
+        dec_ns = sum(d[0] for d in self.decodes)
+        dec_n = sum(d[1] for d in self.decodes)
         print(
-            f"buffer callbacks: {len(self.entries)} with {n} records (all kinds), {t / 1e6:.1f} ms in our callback "
-            f"({t / max(n, 1) / 1e3:.2f} us/record), threads {threads}; records come as {self.kind}; iterating "
-            f"{self.iter_ns:.0f} ns/record, .kind {self.attr_ns:.0f} ns, other fields {self.read_ns:.0f} ns each"
+            f"buffer callbacks: {len(self.entries)} with {n / 1e3:.1f} kB, {t / 1e3:.1f} us in our callback body "
+            f"(after the copy), threads {threads}; decoding in flush(): {dec_ns / 1e6:.2f} ms for {dec_n} span "
+            f"records ({dec_ns / max(dec_n, 1) / 1e3:.2f} us/record, API and external-correlation records included)"
         )
+
+
+def layout_report(src: CuptiSource) -> None:
+    """cupti-python's record dtypes, the sizes CUPTI's own walk showed, and what we read where."""
+    from cupti import cupti
+
+    raw = cupti_mod._RAW
+    for name in (
+        "activity_kernel10_dtype",
+        "activity_memcpy6_dtype",
+        "activity_memset4_dtype",
+        "activity_external_correlation_dtype",
+        "activity_api_dtype",
+    ):
+        dt = getattr(cupti, name, None)
+        if dt is None:
+            print(f"  {name}: missing")
+            continue
+        fields = sorted((off, f, sub.str) for f, (sub, off, *_) in (dt.fields or {}).items())
+        print(f"  {name}: itemsize {dt.itemsize}; " + ", ".join(f"{f}@{off}:{t}" for off, f, t in fields))
+    print(f"  fields read: {src._fields}")
+    print(f"  layout notes: {src.layout_notes or 'none (cupti-python dtypes agree with cupti.h offsets)'}")
+    if raw is not None:
+        learned = {k: v * 4 for k, v in enumerate(raw.size_words) if v != cupti_mod._UNVERIFIED}
+        kinds = {int(k): k.name for k in cupti.ActivityKind}
+        print(
+            f"  libcupti {raw.path}; sizes verified by cuptiActivityGetNextRecord "
+            f"{ {kinds.get(k, k): v for k, v in learned.items()} }; expected from dtypes "
+            f"{ {kinds.get(k, k): v for k, v in raw.expected_bytes.items()} }; mismatches {raw.size_mismatch}; "
+            f"buffers walked by CUPTI: {raw.buffers_walked_by_cupti}"
+        )
+
+
+def walk_check(diag: CallbackTimer) -> None:
+    """Every kept buffer walked by our learned sizes and by cuptiActivityGetNextRecord: offsets must be equal."""
+    raw = cupti_mod._RAW
+    assert raw is not None
+    bad = records = 0
+    for data in diag.buffers:
+        mine = raw.walk(data)
+        theirs = raw.walk_cupti(data)
+        records += len(theirs)
+        bad += mine != theirs
+    print(
+        f"walk check: {len(diag.buffers)} buffers, {records} records: our walk == cuptiActivityGetNextRecord in "
+        f"{len(diag.buffers) - bad}/{len(diag.buffers)} buffers -> ok: {bad == 0}"
+    )
+
+
+def launch_study(src: CuptiSource, diag: CallbackTimer, empty: Any, stream: Any, n: int, poll_s: float) -> None:
+    """Launch cost per empty kernel with nobody flushing and with each way of flushing, and where the stalls are."""
+    raw = cupti_mod._RAW
+    assert raw is not None
+    plain_flush_all = raw.flush_all
+    flush_all_times: list[int] = []
+
+    def timed_flush_all(flag: int) -> int:
+        t0 = time.perf_counter_ns()
+        status = plain_flush_all(flag)
+        flush_all_times.append(time.perf_counter_ns() - t0)
+        return status
+
+    def cupti_flush_only() -> list[Any]:
+        raw.flush_all(0)
+        with src._lock:
+            src._incoming.clear()
+        return []
+
+    def loop(tag: bool) -> np.ndarray:
+        ts = [0] * (n + 1)
+        perf = time.perf_counter_ns
+        with stream:
+            ts[0] = perf()
+            for i in range(n):
+                if tag:
+                    src.push_external_id(3_000_000 + i)
+                empty((1,), (1,), ())
+                if tag:
+                    src.pop_external_id()
+                ts[i + 1] = perf()
+        stream.synchronize()
+        return np.diff(np.array(ts)) / 1e3
+
+    raw.flush_all = timed_flush_all
+    print(f"\nlaunch study ({n} empty kernels a loop, 3 loops a mode, poll every {poll_s * 1e3:.0f} ms):")
+    for label, fn, tag in (
+        ("CUPTI on, nobody flushing", None, False),
+        ("flush() by a poller", "flush", False),
+        ("flush() by a poller, + push/pop", "flush", True),
+        ("cuptiActivityFlushAll(0) only, nothing decoded", cupti_flush_only, False),
+    ):
+        src.flush()
+        poller = Poller(src, poll_s, src.flush if fn == "flush" else fn) if fn else None
+        flush_all_times.clear()
+        n_decodes = len(diag.decodes)
+        if poller:
+            poller.start()
+        gaps = np.concatenate([loop(tag) for _ in range(3)])
+        if poller:
+            poller.stop_event.set()
+            poller.join()
+        p50 = float(np.median(gaps))
+        stalls = gaps[gaps > max(10 * p50, 50)]
+        fa = np.array(flush_all_times or [0]) / 1e3
+        dec = np.array([d[0] for d in diag.decodes[n_decodes:]] or [0]) / 1e3
+        print(
+            f"  {label:<50} {gaps.mean():6.2f} us/launch (median {p50:.2f}, p99 {np.percentile(gaps, 99):.1f}, max "
+            f"{gaps.max() / 1e3:.2f} ms; {stalls.size} stalls > 10x median = {stalls.sum() / 1e3:.1f} ms of "
+            f"{gaps.sum() / 1e3:.1f} ms); cuptiActivityFlushAll: {len(flush_all_times)} calls, median "
+            f"{np.median(fa):.0f} us, max {fa.max():.0f} us; decodes: {len(dec)}, median {np.median(dec):.0f} us, "
+            f"max {dec.max():.0f} us"
+        )
+    raw.flush_all = plain_flush_all
+    for _ in range(cupti_mod.HOLD_FLUSHES + 1):  # held records too: the checks after this count what is left
+        src.flush()
 
 
 def overlap_us(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -106,12 +216,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spin-us", type=float, default=80.0)
     ap.add_argument("--mib", type=int, default=64)
-    ap.add_argument("--poll-ms", type=float, default=3.0)
+    ap.add_argument("--poll-ms", type=float, default=10.0, help="the harvester polls every 10 ms")
     ap.add_argument("--launches", type=int, default=2000, help="empty kernels for the launch-overhead figure")
     ap.add_argument("--gate-ms", type=float, default=10.0, help="spin that holds both streams before paired ops")
     ap.add_argument("--no-carriers", action="store_true", help="no DRIVER/RUNTIME records (no external ids)")
     ap.add_argument("--no-api-filter", action="store_true", help="carrier records for every API call")
     ap.add_argument("--quiet", action="store_true", help="summary only, no record table")
+    ap.add_argument("--study", type=int, default=4000, help="launches a loop in the launch study (0: skip it)")
     args = ap.parse_args()
 
     ok, why = CuptiSource.available()
@@ -179,15 +290,38 @@ def main() -> int:
     except CuptiUnavailable as exc:
         print(f"second start refused as designed: {exc}")
 
+    # Warm-up: a few launches, a copy and a memset, one flush: CUPTI's own walk shows each record size once.
+    with s1:
+        for i in range(10):
+            src.push_external_id(900_000 + i)
+            empty((1,), (1,), ())
+            src.pop_external_id()
+            empty((1,), (1,), ())
+    cp.cuda.runtime.memcpyAsync(d_a.data.ptr, pin_a.ptr, MIB, h2d_kind, s1.ptr)
+    cp.cuda.runtime.memsetAsync(d_a.data.ptr, 0, MIB, s1.ptr)
+    s1.synchronize()
+    time.sleep(0.01)
+    t0 = time.perf_counter_ns()
+    warm = src.flush()
+    warm_us = (time.perf_counter_ns() - t0) / 1e3
+    raw = cupti_mod._RAW
+    print(
+        f"warm-up flush: {len(warm)} records ({sum(r['external_id'] >= 900_000 for r in warm)}/10 tagged joined) in "
+        f"{warm_us:.1f} us; buffers walked by cuptiActivityGetNextRecord so far: "
+        f"{raw.buffers_walked_by_cupti if raw else '?'}"
+    )
+
     # Launch cost with CUPTI on and nobody flushing, then one uncontended flush of all those records.
     quiet_launch = launch_cost_us(False)
     quiet_tagged = launch_cost_us(True)
     time.sleep(0.01)
     quiet_t0 = time.perf_counter_ns()
+    n_decodes = len(diag.decodes)
     quiet_recs = src.flush()
     quiet_end = time.perf_counter_ns()
     quiet_flush_us = (quiet_end - quiet_t0) / 1e3
     quiet_cb = [e for e in diag.entries if quiet_t0 <= e[0] <= quiet_end]
+    quiet_decode_us = sum(d[0] for d in diag.decodes[n_decodes:]) / 1e3
     t0 = time.perf_counter_ns()
     quiet_recs += src.flush()
     quiet_flush2_us = (time.perf_counter_ns() - t0) / 1e3
@@ -258,10 +392,30 @@ def main() -> int:
     poller.stop_event.set()
     poller.join()
     records = poller.records
+
+    # Kernel names are read at flush time: one kernel whose module is released before that flush, one loaded after.
+    mod_a = cp.RawModule(code='extern "C" __global__ void name_probe_released() {}')
+    fn_a = mod_a.get_function("name_probe_released")
+    with s1:
+        fn_a((1,), (1,), ())
+    s1.synchronize()
+    del fn_a, mod_a
+    gc.collect()
+    mod_b = cp.RawModule(code='extern "C" __global__ void name_probe_loaded_after() {}')
+    fn_b = mod_b.get_function("name_probe_loaded_after")
+    with s1:
+        fn_b((1,), (1,), ())
+    s1.synchronize()
+    time.sleep(0.01)
+
     t0 = time.perf_counter_ns()
     more = src.flush()
     one_flush_us = (time.perf_counter_ns() - t0) / 1e3
     records += more
+    for _ in range(cupti_mod.HOLD_FLUSHES):  # records held for their external id come out now, not in the study
+        records += src.flush()
+    if args.study:
+        launch_study(src, diag, empty, s1, args.study, args.poll_ms / 1e3)
     src.stop()
     src.stop()  # idempotent
     records += src.flush()
@@ -287,6 +441,11 @@ def main() -> int:
         f"{statistics.median(flush_times):.1f} us, max {flush_times[-1]:.1f} us; busiest flush returned "
         f"{busiest[1]} records in {busiest[0] * 1e6:.1f} us"
     )
+    probe_names = sorted(r["name"] for r in records if r["name"].startswith("name_probe"))
+    print(
+        f"kernel names read at flush time: {probe_names} -> name of a kernel whose module was released before the "
+        f"flush intact: {'name_probe_released' in probe_names}"
+    )
     print(
         f"final flush in main thread (after sync): {len(more)} records in {one_flush_us:.1f} us; after stop: "
         f"{len(after_stop)} records; incomplete dropped {src.incomplete_records}; callback errors "
@@ -305,9 +464,10 @@ def main() -> int:
     if quiet_cb:
         gap_us = (quiet_cb[0][0] - quiet_t0) / 1e3
         print(
-            f"  of that first flush: CUPTI + cupti-python before our callback {gap_us:.1f} us, "
-            f"in our callback {sum(e[1] for e in quiet_cb) / 1e3:.1f} us for {sum(e[2] for e in quiet_cb)} "
-            f"records in {len(quiet_cb)} buffer(s), thread {quiet_cb[0][3]}"
+            f"  of that first flush: CUPTI before our callback {gap_us:.1f} us, in our callback body "
+            f"{sum(e[1] for e in quiet_cb) / 1e3:.1f} us for {sum(e[2] for e in quiet_cb) / 1e3:.1f} kB in "
+            f"{len(quiet_cb)} buffer(s), thread {quiet_cb[0][3]}; decoding (walk, NumPy, dicts) "
+            f"{quiet_decode_us:.1f} us"
         )
     diag.report()
     print(
@@ -320,7 +480,9 @@ def main() -> int:
         f"{sorted(i for i in seen_ids_before_sync if 0 <= i < 100)})"
     )
 
-    diag.report()
+    print("record layout:")
+    layout_report(src)
+    walk_check(diag)
     kinds: dict[str, int] = {}
     for r in records:
         kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
@@ -348,7 +510,7 @@ def main() -> int:
     tagged_launch_recs = sum(1 for r in records if r["external_id"] >= 1_000_000)
     print(
         f"\nlaunch-loop records while polling: {tagged_launch_recs} with their external id (of {args.launches}); "
-        f"untagged records: {len(untagged)} (expected {args.launches} + 2 gate spins)"
+        f"untagged records: {len(untagged)} (expected {args.launches} + 2 gate spins + 2 name probes)"
     )
     missing = sorted(set(expected) - set(by_id))
     print(f"external ids joined: {len(by_id)}/{len(expected)}; missing: {missing}")

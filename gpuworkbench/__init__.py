@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import ops
 from .buffer import Buffer
 from .device import BackendKind, Device, backend_status, devices
 from .errors import BackendUnavailable, BufferClosed, CompileError, GpuError, InvalidArgument, OutOfMemory
+from .graphs import Graph
 from .kernels import ElementwiseKernel, Kernel, elementwise
+from .ops import LeastPending, OnStream, Op, Policy, RoundRobin
 from .pipeline import Pipeline, PipelineRun
+from .pykernel import f32, f64, i32, i64, index, kernel, u32, width
 from .streams import Event, Stream, StreamAssignment, StreamPool, StreamSet
 from .trace.recorder import Trace
 
@@ -35,10 +39,12 @@ def live(trace: Trace | None = None, device: Device | str | None = None, **optio
 
 
 def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's shell
-    """``%load_ext gpuworkbench``: registers the ``%gpu`` and ``%%gpu`` magics."""
+    """``%load_ext gpuworkbench``: registers the ``%gpu`` and ``%%gpu`` magics and the JupyterLab panel's comm."""
+    from .comm import register as serve_panel
     from .magics import register
 
     register(ipython)
+    serve_panel(ipython)  # a no-op outside a Jupyter kernel
 
 
 __all__ = [
@@ -51,11 +57,17 @@ __all__ = [
     "ElementwiseKernel",
     "Event",
     "GpuError",
+    "Graph",
     "InvalidArgument",
     "Kernel",
+    "LeastPending",
+    "OnStream",
+    "Op",
     "OutOfMemory",
     "Pipeline",
     "PipelineRun",
+    "Policy",
+    "RoundRobin",
     "Stream",
     "StreamAssignment",
     "StreamPool",
@@ -64,6 +76,15 @@ __all__ = [
     "backend_status",
     "devices",
     "elementwise",
+    "f32",
+    "f64",
+    "i32",
+    "i64",
+    "index",
+    "kernel",
     "live",
+    "ops",
     "trace",
+    "u32",
+    "width",
 ]

@@ -26,6 +26,9 @@ def enqueue(
     ``keep`` (a host array, say) is held alive by the stream until the op is done. When no trace is recording this
     costs one list check; when one is, the op is timed by the device (or by CUPTI) and recorded without any sync.
     """
+    capture = stream._capture
+    if capture is not None:  # inside ``with stream.capture()``: the graph records the op instead of running it
+        return capture._add(stream, kind, nbytes, name, pinned, call, keep)
     traces = recorder.ACTIVE
     if not traces:
         completion = call(False)

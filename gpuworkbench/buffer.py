@@ -116,7 +116,7 @@ class Buffer:
         return int(self.device._backend.is_pinned(host))
 
     # ------------------------------------------------------------------ copies
-    def copy_from_host_async(self, host: np.ndarray, stream: Stream) -> Event:
+    def copy_from_host_async(self, host: np.ndarray, stream: Stream, name: str | None = None) -> Event:
         """Enqueue host → device on ``stream``; ``host`` is kept alive until done. Returns at once for pinned
         memory; pageable memory is staged by the backend and the call returns once it is staged."""
         handle = self._check()
@@ -126,7 +126,7 @@ class Buffer:
         event = stream._enqueue(
             "h2d",
             self.size_bytes,
-            f"h2d {_fmt_bytes(self.size_bytes)}",
+            name or f"h2d {_fmt_bytes(self.size_bytes)}",
             self._pinned_flag(host),
             lambda timed: backend.copy_h2d(handle, 0, host, stream._raw, timed),
             keep=host,
@@ -134,7 +134,7 @@ class Buffer:
         self._touch(event.stream.id, event._completion)
         return event
 
-    def copy_to_host_async(self, host: np.ndarray, stream: Stream) -> Event:
+    def copy_to_host_async(self, host: np.ndarray, stream: Stream, name: str | None = None) -> Event:
         """Enqueue device → host into ``host`` on ``stream``; read ``host`` only after the Event is done."""
         handle = self._check()
         host = self._check_host(host, writable=True, asynchronous=True)
@@ -143,7 +143,7 @@ class Buffer:
         event = stream._enqueue(
             "d2h",
             self.size_bytes,
-            f"d2h {_fmt_bytes(self.size_bytes)}",
+            name or f"d2h {_fmt_bytes(self.size_bytes)}",
             self._pinned_flag(host),
             lambda timed: backend.copy_d2h(host, handle, 0, stream._raw, timed),
             keep=host,
@@ -169,7 +169,7 @@ class Buffer:
         self.copy_to_host_async(host, stream).wait()
         return host
 
-    def copy_from(self, other: Buffer, stream: Stream | None = None) -> Event:
+    def copy_from(self, other: Buffer, stream: Stream | None = None, name: str | None = None) -> Event:
         """Device → device copy of ``other`` into this buffer, enqueued on ``stream`` (default stream if None);
         returns an Event. Non-blocking."""
         dst, src = self._check(), other._check()
@@ -183,11 +183,13 @@ class Buffer:
         if stream is None:
             self._order_after_inflight(s)
             other._order_after_inflight(s)
+        if other is self:  # nothing to move (and OpenCL refuses overlapping copies): just mark the point in the stream
+            return s.record()
         backend, nbytes = self.device._backend, self.size_bytes
         event = s._enqueue(
             "d2d",
             nbytes,
-            f"d2d {_fmt_bytes(nbytes)}",
+            name or f"d2d {_fmt_bytes(nbytes)}",
             -1,
             lambda timed: backend.copy_d2d(dst, 0, src, 0, nbytes, s._raw, timed),
         )
@@ -195,7 +197,7 @@ class Buffer:
         other._touch(event.stream.id, event._completion)
         return event
 
-    def fill_bytes(self, byte: int = 0, stream: Stream | None = None) -> Event:
+    def fill_bytes(self, byte: int = 0, stream: Stream | None = None, name: str | None = None) -> Event:
         """Set every byte to ``byte`` (a memset) on ``stream``. Non-blocking."""
         handle = self._check()
         if not isinstance(byte, (int, np.integer)) or not 0 <= byte <= 255:
@@ -205,7 +207,7 @@ class Buffer:
         event = s._enqueue(
             "memset",
             nbytes,
-            f"memset {_fmt_bytes(nbytes)}",
+            name or f"memset {_fmt_bytes(nbytes)}",
             -1,
             lambda timed: backend.fill(handle, nbytes, byte, s._raw, timed),
         )

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def _dims(value: Any, what: str) -> tuple[int, ...]:
     if type(value) is int and value > 0:  # the common case, kept cheap: this is on every launch
         return (value,)
-    dims = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+    dims = (value,) if isinstance(value, (int, np.integer)) or not hasattr(value, "__iter__") else tuple(value)
     if not 1 <= len(dims) <= 3 or any(
         isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims
     ):
@@ -393,6 +393,7 @@ class ElementwiseKernel:
         self.outputs = [target for target, _ in self.statements]
         self._cache: dict[tuple[int, tuple[bool, ...]], Any] = {}
         self._lock = threading.Lock()
+        self.source("opencl")  # checks names, operators and functions here, for every backend (the CPU's too)
 
     @staticmethod
     def _parse_params(params: str) -> list[tuple[str, np.dtype]]:
@@ -480,9 +481,9 @@ class ElementwiseKernel:
             tree = ast.Expression(body=_ToNumPy().visit(ast.parse(ast.unparse(expr), mode="eval").body))
             ast.fix_missing_locations(tree)
             code.append((target, compile(tree, f"<elementwise {self.name}>", "eval")))
-        env = {f"_np_{k}": v[2] for k, v in _FUNCS.items()} | {"_np_where": np.where, "_c_div": _c_div, "_c_int": _c_int}
-        env |= {"_np_fmod": np.fmod, "_np_logical_and": np.logical_and, "_np_logical_or": np.logical_or}
-        env["_np_logical_not"] = np.logical_not
+        env = {f"_np_{k}": v[2] for k, v in _FUNCS.items()} | {"_np_where": np.where, "_np_fmod": np.fmod}
+        env |= {"_np_logical_and": np.logical_and, "_np_logical_or": np.logical_or, "_np_logical_not": np.logical_not}
+        env |= {"_c_div": _c_div, "_c_int": _c_int}
 
         def run(*values: Any) -> None:
             scope = dict(env)
@@ -513,8 +514,9 @@ class ElementwiseKernel:
                 self._cache[key] = kernel
             return kernel
 
-    def __call__(self, *args: Any, stream: Stream | None = None, block: int = 256) -> Event:
-        """Enqueue the expression over every element on ``stream``. Non-blocking; returns an Event."""
+    def __call__(self, *args: Any, stream: Stream | None = None, block: int = 256, name: str | None = None) -> Event:
+        """Enqueue the expression over every element on ``stream`` (traced as ``name``, default the kernel's name).
+        Non-blocking; returns an Event."""
         if len(args) != len(self.params):
             raise InvalidArgument(f"{self.name} takes {len(self.params)} arguments ({self._sig()}), got {len(args)}")
         mask = tuple(isinstance(a, Buffer) for a in args)
@@ -542,13 +544,13 @@ class ElementwiseKernel:
         kernel = self._kernel_for(device, mask)
         values = [a if isinstance(a, Buffer) else dt.type(a) for a, (_, dt) in zip(args, self.params)]
         if device.caps.kernel_language == "python":
-            return kernel((1,), (1,), values, stream=stream)
+            return kernel((1,), (1,), values, stream=stream, name=name)
         if device.caps.kernel_language == "wgsl":  # the count is a u32; the workgroup size is fixed in the source
             groups = -(-n // _WGSL_GROUP)
             grid = (min(groups, 65535), -(-groups // 65535))
-            return kernel(grid, (_WGSL_GROUP,), [*values, np.uint32(n)], stream=stream)
+            return kernel(grid, (_WGSL_GROUP,), [*values, np.uint32(n)], stream=stream, name=name)
         index = np.int64(n)
-        return kernel(((n + block - 1) // block,), (block,), [*values, index], stream=stream)
+        return kernel(((n + block - 1) // block,), (block,), [*values, index], stream=stream, name=name)
 
     def _sig(self) -> str:
         return ", ".join(f"{dt} {n}" for n, dt in self.params)

@@ -82,6 +82,7 @@ class Stream:
         self._appended = 0
         self._lock = threading.Lock()
         self.closed = False
+        self._capture: Any = None  # the Graph recording this stream's ops instead of running them (graphs.py)
 
     def _track(self, completion: Any, keep: Any) -> None:
         with self._lock:
@@ -137,6 +138,13 @@ class Stream:
             error = getattr(completion, "error", None)
             if error is not None:
                 raise GpuError(f"an op on stream {self.label!r} failed: {error!r}") from error
+
+    def capture(self, name: str | None = None) -> Any:
+        """``with stream.capture() as g:`` records the ops enqueued on this stream in the block into Graph ``g``
+        without running them; ``g.launch()`` replays them (see graphs.py). Nothing blocks."""
+        from .graphs import capture
+
+        return capture(self, name)
 
     def _check_open(self) -> None:
         if self.closed:

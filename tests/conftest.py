@@ -1,59 +1,17 @@
-"""Shared fixtures: one ``device`` fixture that runs a test on every backend present, and helpers the tests share.
+"""Fixtures shared by the tests: one parametrised ``device`` over every backend present, plus cpu/opencl and a gate.
 
-Backends: "cpu" always; "opencl" on the PoCL device, chosen by its platform name (never "the first one", since a
-machine may list several platforms); "cuda" where CuPy and an NVIDIA GPU are found, marked ``gpu`` and skipped
-cleanly elsewhere. Markers ``gpu``, ``browser`` and ``slow`` are registered in pyproject.toml.
+Plain helpers live in ``support.py`` (``from support import sample``): test modules must not import from a
+conftest, whose module name ``conftest`` other conftest files (notebooks/) share.
 """
 
 from __future__ import annotations
 
-import gc
-import threading
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
+from support import BACKENDS, Gate, open_device, release_leftovers
 
 import gpuworkbench as gw
-from gpuworkbench import backends
-
-POCL_PLATFORM = "Portable Computing Language"
-BACKENDS = ["cpu", "opencl", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-def pocl_index() -> int | None:
-    """The OpenCL index of the PoCL device, found by platform name in ``gw.devices()``; None without PoCL."""
-    for info in gw.devices():
-        if info.backend == "opencl" and info.name.endswith(f"({POCL_PLATFORM})"):
-            return info.index
-    return None
-
-
-def open_device(name: str) -> gw.Device:
-    """The shared Device for backend ``name``, or a skip saying why it is not here."""
-    if name == "cpu":
-        return gw.Device(0, backend="cpu")
-    if name == "opencl":
-        index = pocl_index()
-        if index is None:
-            pytest.skip(f"no OpenCL device on the {POCL_PLATFORM!r} platform: {backends.usable('opencl')[1]}")
-        return gw.Device(index, backend="opencl")
-    backend, why = backends.usable(name)
-    if backend is None or not backend.devices():
-        pytest.skip(f"no {name} device: {why or 'none found'}")
-    return gw.Device(0, backend=name)
-
-
-def release_leftovers(dev: gw.Device) -> list[gw.Buffer]:
-    """Collect garbage, free the buffers still live on ``dev`` and return them (empty when nothing leaked)."""
-    leaked = dev.live_buffers
-    if leaked:  # maybe garbage in a reference cycle: collect before calling it a leak
-        del leaked
-        gc.collect()
-        leaked = dev.live_buffers
-    for buf in leaked:
-        buf.free()
-    return leaked
 
 
 @pytest.fixture(params=BACKENDS)
@@ -80,42 +38,7 @@ def opencl() -> gw.Device:
     return open_device("opencl")
 
 
-class Gate:
-    """A CPU-backend kernel that blocks its stream until ``open()``: makes 'still pending' deterministic.
-
-    A watchdog opens the gate after ``limit_s`` so that a broken test fails instead of hanging the suite.
-    """
-
-    def __init__(self, dev: gw.Device, limit_s: float = 10.0) -> None:
-        assert dev.backend_kind is gw.BackendKind.CPU, "a gate blocks a CPU stream"
-        self.event = threading.Event()
-        self._watchdog = threading.Timer(limit_s, self.event.set)
-        self._watchdog.daemon = True
-        self._watchdog.start()
-        self._kernel = dev.compile(lambda: self.event.wait(), "gate")
-
-    def close_on(self, stream: gw.Stream) -> gw.Event:
-        """Enqueue the blocking kernel on ``stream``; later work on it waits until ``open()``."""
-        return self._kernel(1, 1, (), stream=stream)
-
-    def open(self) -> None:
-        self.event.set()
-        self._watchdog.cancel()
-
-    def __enter__(self) -> Gate:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.open()
-
-
 @pytest.fixture
 def gate(cpu: gw.Device) -> Iterator[Gate]:
     with Gate(cpu) as g:
         yield g
-
-
-def sample(n: int, dtype: str, seed: int = 0) -> np.ndarray:
-    """``n`` values of ``dtype`` that every backend computes exactly (small integers)."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(-100, 100, n).astype(dtype)

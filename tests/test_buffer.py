@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 import pytest
-from conftest import sample
+from support import sample
 
 import gpuworkbench as gw
 
@@ -52,9 +52,7 @@ def test_async_copies_on_several_streams(device, n):
     bufs = [device.alloc(n, "float64") for _ in range(4)]
     back = [device.empty_pinned(n, "float64") for _ in range(4)]
     ups = [b.copy_from_host_async(d, s) for b, d, s in zip(bufs, data, streams)]
-    downs = []
-    for b, h, s, up in zip(bufs, back, streams, ups):
-        downs.append(b.copy_to_host_async(h, s))  # same stream: in order after its upload
+    downs = [b.copy_to_host_async(h, s) for b, h, s in zip(bufs, back, streams)]  # in order after each upload
     for ev in downs:
         ev.wait()
     assert all(ev.done for ev in ups + downs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import pocl_index, sample
+from support import pocl_index, sample
 
 import gpuworkbench as gw
 from gpuworkbench.backends.base import Caps, DeviceInfo

@@ -6,7 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from conftest import sample
+from support import sample
 
 import gpuworkbench as gw
 

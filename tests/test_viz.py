@@ -225,7 +225,10 @@ def test_show_outside_a_notebook_returns_the_layout(cpu_trace: Trace):
     layout = cpu_trace.show()
     timeline, memory, summary = layout.children
     assert timeline.x_range is memory.x_range
-    assert "overlap %" in summary.text
+    assert "overlap %" in summary.text and "(from ops)" in summary.text
+    table = cpu_trace.table()
+    window = (int(table["start_ns"].min()) - 1_000_000, int(table["end_ns"].max()))
+    assert "(from cell)" in cpu_trace.show(window=window).children[2].text  # %%gpu passes the cell's wall time
 
 
 def test_output_embeds_bokehjs_inline_never_from_a_cdn(cpu_trace: Trace):
@@ -302,6 +305,7 @@ def test_live_streams_new_spans_as_bounded_deltas():
     assert "spans/s" in live._numbers.value and "overlap" in live._numbers.value
     assert "held" in live._gauge_text.value and " of " in live._gauge_text.value
     assert live.errors == []
+    assert 0 < live.cpu_s < 1.5
 
 
 def test_live_push_rate_never_exceeds_30_per_second():
@@ -315,14 +319,15 @@ def test_live_push_rate_never_exceeds_30_per_second():
 
 def test_live_rollover_bounds_the_source():
     with gw.trace() as t:
-        live = Live(t, rollover=100, rate_hz=10)
+        live = Live(t, rollover=100, summary_spans=50, rate_hz=10)
         run_ops(0.6)
         t.wait_pending()
         time.sleep(0.2)
     live.stop()
     assert live.spans_streamed > 100
     assert len(live.source.data["left"]) == 100
-    assert len(live._retained["kind"]) == 100
+    assert len(live._retained["kind"]) == 50
+    assert "numbers over the newest 50 spans" in live._numbers.value
 
 
 def test_live_refuses_more_than_30_pushes_a_second():
@@ -341,6 +346,18 @@ def test_gw_live_owns_its_trace_and_stop_ends_both():
     assert second.spans_streamed == len(second.trace) > 0
 
 
+def test_live_applies_front_end_changes_under_its_lock():
+    with gw.trace() as t:
+        live = Live(t)
+        x_range = live._figure.x_range
+        event = {"event": "jsevent", "kind": "ModelChanged", "model": {"id": x_range.id}, "attr": "start", "new": 5.0}
+        with live._doc_lock:  # the thread cannot stream meanwhile; the main thread (re-entrant lock) still applies it
+            live._bokeh._sync_model(live._bokeh, dict(event), [])
+    live.close()
+    assert x_range.start == 5.0
+    live._bokeh.close()  # a second close (ipywidgets does it from __del__) is harmless
+
+
 def test_live_display_refreshes_the_view_state():
     with gw.trace() as t:
         live = Live(t, rate_hz=10)
@@ -354,3 +371,73 @@ def test_live_display_refreshes_the_view_state():
         assert "live-a" in str(docs)  # the rows found since construction are in what a new view renders
     live.close()
     assert not live.running
+
+
+# --- in a real kernel -------------------------------------------------------------------------------------------------
+
+KERNEL_CELL_LIVE = """
+import time
+import gpuworkbench as gw
+from IPython.display import display
+dev = gw.Device("cpu")
+live = gw.live(device=dev)
+display(live)
+a, b = dev.create_stream("k-a"), dev.create_stream("k-b")
+kernel = gw.elementwise("float32 x, float32 y", "y = x + 1", name="inc")
+x, y = dev.alloc(256), dev.alloc(256)
+end = time.monotonic() + 3.0
+while time.monotonic() < end:  # the cell stays busy: only the dashboard's thread can update the view
+    kernel(x, y, stream=a)
+    kernel(y, x, stream=b)
+    time.sleep(0.001)
+live.stop()
+print("streamed", live.spans_streamed)
+"""
+
+KERNEL_CELL_SHOW = """
+with gw.trace() as t:
+    x.copy_from_host_async(dev.empty_pinned(256), a)
+    kernel(x, y, stream=b)
+    a.synchronize(); b.synchronize()
+t.show()
+"""
+
+
+def _execute(client, code: str) -> list[dict]:
+    msg_id = client.execute(code)
+    messages = []
+    while True:
+        msg = client.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return messages
+
+
+@pytest.mark.slow
+def test_live_pushes_reach_the_front_end_while_the_cell_is_busy():
+    """In a real kernel, the dashboard's patches leave on IOPub during a busy cell; nothing loads from a CDN."""
+    manager = pytest.importorskip("jupyter_client.manager")
+    pytest.importorskip("ipykernel")
+    km, kc = manager.start_new_kernel(kernel_name="python3")
+    try:
+        live_msgs = _execute(kc, KERNEL_CELL_LIVE)
+        errors = [m["content"] for m in live_msgs if m["msg_type"] == "error"]
+        assert not errors, errors
+        shown = [m for m in live_msgs if m["msg_type"] == "display_data"]
+        assert any("application/vnd.jupyter.widget-view+json" in m["content"]["data"] for m in shown)
+        patches = [
+            m
+            for m in live_msgs
+            if m["msg_type"] == "comm_msg" and m["content"]["data"].get("content", {}).get("msg") == "patch"
+        ]
+        assert len(patches) > 20  # several ColumnsStreamed patches a second, sent while the cell ran
+        show_msgs = _execute(kc, KERNEL_CELL_SHOW)
+        assert not [m["content"] for m in show_msgs if m["msg_type"] == "error"]
+        outputs = str([m["content"] for m in live_msgs + show_msgs if m["msg_type"] == "display_data"])
+        assert "cdn.bokeh.org" not in outputs
+        assert "application/vnd.bokehjs_exec.v0+json" in outputs  # t.show() displayed a Bokeh document
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

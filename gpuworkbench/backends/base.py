@@ -181,6 +181,19 @@ class BackendDevice(ABC):
     def clock_sample(self) -> ClockSample:
         """Read the device clock against the host clock; used once per trace to align them."""
 
+    # Native graphs (``caps.graphs == "native"``); elsewhere graphs.py records and re-issues the calls itself.
+    def begin_capture(self, stream: Any) -> None:
+        """Start recording ``stream``'s work into a graph instead of running it; must not synchronize."""
+        raise NotImplementedError(f"{self.info.backend} has no native graphs")
+
+    def end_capture(self, stream: Any) -> Any:
+        """Stop recording and return the launchable graph."""
+        raise NotImplementedError(f"{self.info.backend} has no native graphs")
+
+    def launch_graph(self, graph: Any, stream: Any, timed: bool) -> Completion:
+        """Enqueue one replay of ``graph`` on ``stream``."""
+        raise NotImplementedError(f"{self.info.backend} has no native graphs")
+
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing of their own
         """Release the device's own resources (streams and buffers are released by the front end first)."""
 

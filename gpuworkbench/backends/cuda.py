@@ -17,13 +17,23 @@ from typing import Any
 import numpy as np
 
 from ..errors import CompileError, InvalidArgument, OutOfMemory
-from .base import Backend, BackendDevice, BufferArg, Caps, ClockSample, DeviceInfo, wrap_pinned
+from .base import (
+    Backend,
+    BackendDevice,
+    BufferArg,
+    Caps,
+    ClockSample,
+    DeviceInfo,
+    DoneCompletion,
+    PinnedArray,
+    wrap_pinned,
+)
 
 CAPS = Caps(
     concurrent_streams=True,
     pinned_memory=True,
     memory_free_known=True,
-    graphs="none",
+    graphs="native",
     timestamps="events",
     kernel_language="cuda",
     device_pointers=True,
@@ -33,6 +43,7 @@ _STAGE_MIN = 1 << 20  # pageable copies smaller than this go straight to the dri
 _STAGE_CHUNK = 8 << 20
 _STAGE_SLOTS = 4
 _STAGE_THREADS = 4
+_IN_GRAPH = DoneCompletion()  # what an op enqueued during stream capture returns: it runs only when the graph does
 
 
 def _cupy() -> Any:
@@ -125,6 +136,7 @@ class CudaDevice(BackendDevice):
         self._stage_lock = threading.Lock()
         self._stage_slots: list[tuple[np.ndarray, Any]] | None = None
         self._stage_threads: ThreadPoolExecutor | None = None
+        self._capturing: set[int] = set()  # pointers of streams in stream capture: no timing events recorded there
         self.clock_sample()
 
     def _use(self) -> None:
@@ -167,6 +179,8 @@ class CudaDevice(BackendDevice):
     def is_pinned(self, array: np.ndarray) -> bool:
         if array.nbytes == 0:
             return True
+        if isinstance(array, PinnedArray) and array._pinned_owner is not None:
+            return True  # ours (empty_pinned): no driver query needed
         try:
             attrs = self._rt.pointerGetAttributes(array.ctypes.data)
         except self._rt.CUDARuntimeError:
@@ -189,6 +203,8 @@ class CudaDevice(BackendDevice):
         return start
 
     def _finish(self, stream: Any, start: Any) -> _CudaCompletion:
+        if self._capturing and stream.ptr in self._capturing:
+            return _IN_GRAPH  # an event recorded now would be a capture node that no one may query
         end = (self._timed_events if start is not None else self._plain_events).take()
         end.record(stream)
         return _CudaCompletion(end, start, self._epoch if start is not None else None, self._pools)
@@ -326,6 +342,30 @@ class CudaDevice(BackendDevice):
         values = tuple(np.uint64(a.handle) if isinstance(a, BufferArg) else a for a in args)
         start = self._begin(stream, timed)
         kernel(grid, block, values, stream=stream)
+        return self._finish(stream, start)
+
+    # ------------------------------------------------------------------ graphs
+    def begin_capture(self, stream: Any) -> None:
+        """Relaxed mode, so that other threads (a trace's harvester) may go on querying their events meanwhile."""
+        self._use()
+        self._capturing.add(stream.ptr)
+        try:
+            stream.begin_capture(self._rt.streamCaptureModeRelaxed)
+        except BaseException:
+            self._capturing.discard(stream.ptr)
+            raise
+
+    def end_capture(self, stream: Any) -> Any:
+        self._use()
+        try:
+            return stream.end_capture()
+        finally:
+            self._capturing.discard(stream.ptr)
+
+    def launch_graph(self, graph: Any, stream: Any, timed: bool) -> _CudaCompletion:
+        self._use()
+        start = self._begin(stream, timed)
+        graph.launch(stream)
         return self._finish(stream, start)
 
     # ------------------------------------------------------------------ clock

@@ -7,8 +7,10 @@ which, so pick the platform and device by name, never "the first one". Free memo
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +32,7 @@ CAPS = Caps(
     concurrent_streams=True,
     pinned_memory=True,
     memory_free_known=False,
-    graphs="none",
+    graphs="recorded",  # graphs.py records the calls and re-issues them
     timestamps="profiling",
     kernel_language="opencl",
     device_pointers=False,
@@ -88,6 +90,8 @@ class OpenCLDevice(BackendDevice):
         self._scratch = cl.Buffer(self._ctx, cl.mem_flags.READ_WRITE, 64)
         self._max_alloc = int(cl_device.max_mem_alloc_size)
         self._held = 0
+        self._pinned_ranges: dict[int, tuple[int, int]] = {}  # live pinned arrays' address ranges
+        self._pinned_keys = itertools.count()
         self._lock = threading.Lock()
 
     def memory_info(self) -> tuple[int, int]:
@@ -125,7 +129,14 @@ class OpenCLDevice(BackendDevice):
         mapped, _ = cl.enqueue_map_buffer(
             self._scratch_queue, buf, cl.map_flags.READ | cl.map_flags.WRITE, 0, (size,), np.uint8, is_blocking=True
         )
-        return wrap_pinned(mapped[:nbytes].view(dtype).reshape(shape), (self._ctx, buf, mapped))
+        pinned = wrap_pinned(mapped[:nbytes].view(dtype).reshape(shape), (self._ctx, buf, mapped))
+        if nbytes:
+            # Plain-ndarray views (np.ascontiguousarray, np.asarray) lose the subclass: is_pinned finds them by address
+            # while the pinned array lives.
+            key, start = next(self._pinned_keys), pinned.__array_interface__["data"][0]
+            self._pinned_ranges[key] = (start, start + nbytes)
+            weakref.finalize(pinned, self._pinned_ranges.pop, key, None)
+        return pinned
 
     def is_pinned(self, array: np.ndarray) -> bool:
         node: Any = array
@@ -133,7 +144,11 @@ class OpenCLDevice(BackendDevice):
             if isinstance(node, PinnedArray) and node._pinned_owner is not None:
                 return node._pinned_owner[0] is self._ctx
             node = node.base
-        return False
+        if not array.nbytes or not array.flags.c_contiguous:
+            return False
+        low = array.__array_interface__["data"][0]
+        high = low + array.nbytes
+        return any(start <= low and high <= end for start, end in list(self._pinned_ranges.values()))
 
     def create_stream(self) -> _Queue:
         return _Queue(self._ctx, self._dev)

@@ -1,4 +1,4 @@
-"""The ROCm backend: CuPy's HIP build through the CUDA backend's code, minus what HIP lacks here (graphs)."""
+"""The ROCm backend: CuPy's HIP build through the CUDA backend's code, minus what HIP lacks here (native graphs)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 from .cuda import CAPS as CUDA_CAPS
 from .cuda import CudaBackend
 
-CAPS = replace(CUDA_CAPS, graphs="none")
+CAPS = replace(CUDA_CAPS, graphs="recorded")  # CuPy has no HIP stream capture: graphs.py records and re-issues
 
 
 class RocmBackend(CudaBackend):

@@ -1,22 +1,43 @@
-"""CUPTI activity records (kernels, memcpys, memsets) as a span source, through NVIDIA's ``cupti-python``.
+"""CUPTI activity records (kernels, memcpys, memsets) as a span source: NVIDIA's ``cupti-python`` plus raw buffers.
 
 CUPTI's activity callbacks are process-global, so at most one :class:`CuptiSource` is active per process: a second
 ``start()`` while another source is active raises :class:`CuptiUnavailable` (it is not reference-counted).
 Nothing here synchronizes the device; ``cupti`` is imported lazily so that this module imports without it.
+
+Why raw buffers: cupti-python builds a Python object per record inside CUPTI's buffer callback (10–40 µs a record, on
+CUPTI's thread, holding the GIL), which slowed kernel launches on other threads ~10× while a flush ran. So cupti-python
+only enables kinds, names enums, describes record layouts (its NumPy dtypes) and pushes/pops external ids; the buffer
+callbacks are our own, registered on the same libcupti through ctypes. The completed-buffer callback only copies the
+valid bytes. ``flush()`` walks the records by their sizes (learned from CUPTI's own ``cuptiActivityGetNextRecord`` on
+the first buffers that hold each kind) and gathers each kind's fields with NumPy.
+
+Verified on an H200 (CUPTI 13.0, benchmarks/cupti_probe.py): the walk by learned sizes gives exactly the offsets of
+``cuptiActivityGetNextRecord`` on every buffer; cupti-python's dtypes match both CUPTI's record sizes and cupti.h.
+
+Kernel names are ``const char*`` into CUPTI-owned memory, not into our buffers, so recycling a buffer does not free
+them: they are read in ``flush()`` (as PyTorch's Kineto reads them, long after the callback); on the H200 the name of a
+kernel whose module was released before the flush still read back intact. They are read once per distinct pointer per
+flush and not cached across flushes, so a pointer reused after a module unload cannot yield a stale name.
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
 import contextlib
+import ctypes
 import itertools
+import operator
 import threading
 import time
 from typing import Any
 
+import numpy as np
+
 #: Activity kinds enabled by :meth:`CuptiSource.start`, by their ``cupti.ActivityKind`` names.
 ACTIVITY_KINDS: tuple[str, ...] = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "EXTERNAL_CORRELATION")
 #: API record kinds enabled as carriers: CUPTI emits EXTERNAL_CORRELATION records only for API calls it records.
-#: Their records are discarded in the buffer callback.
+#: Their records are skipped by size, never decoded.
 API_CARRIER_KINDS: tuple[str, ...] = ("DRIVER", "RUNTIME")
 #: Restrict the carriers to the API calls that enqueue device work (names by prefix), to keep buffers small.
 API_FILTER = True
@@ -26,11 +47,14 @@ _API_PREFIXES: dict[str, tuple[str, ...]] = {
 }
 #: Size of each activity buffer handed to CUPTI (a kernel record is a few hundred bytes).
 BUFFER_BYTES = 4 << 20
+#: Empty buffers kept for reuse once CUPTI hands them back; more are freed.
+POOL_MAX = 8
 #: Flushes an activity record waits for its external id before it is handed out with ``external_id`` -1.
 HOLD_FLUSHES = 2
 #: Flushes an external-correlation entry is kept once an activity record has used it (graph launches share one).
 EXT_KEEP_FLUSHES = 16
-#: Most external-correlation entries kept while waiting for their activity records (deep queues), oldest dropped.
+#: Most external-correlation entries kept while waiting for their activity records (deep queues); the oldest to
+#: arrive are dropped first.
 EXT_MAP_MAX = 1 << 16
 
 # CUpti_ActivityMemcpyKind names -> our span kinds; anything else is "other_copy".
@@ -58,24 +82,78 @@ _RESULT_HINTS: dict[str, str] = {
     "ERROR_LEGACY_PROFILER_NOT_SUPPORTED": "the driver refuses the activity API here",
 }
 
+# Record layouts: the fields we read, as (byte offset, size) in the C structs of cupti.h (CUpti_ActivityKernel4..10,
+# CUpti_ActivityMemcpy6, CUpti_ActivityMemset4, CUpti_ActivityExternalCorrelation). cupti-python's dtypes, where
+# present, override them; these are the fallback and a cross-check.
+_BUILTIN_FIELDS: dict[str, dict[str, tuple[int, int]]] = {
+    "kernel": {
+        "start": (16, 8),
+        "end": (24, 8),
+        "device_id": (40, 4),
+        "stream_id": (48, 4),
+        "correlation_id": (92, 4),
+        "name": (104, 8),
+    },
+    "memcpy": {
+        "copy_kind": (4, 1),
+        "src_kind": (5, 1),
+        "dst_kind": (6, 1),
+        "bytes": (8, 8),
+        "start": (16, 8),
+        "end": (24, 8),
+        "device_id": (32, 4),
+        "stream_id": (40, 4),
+        "correlation_id": (44, 4),
+        "runtime_correlation_id": (48, 4),
+    },
+    "memset": {
+        "bytes": (8, 8),
+        "start": (16, 8),
+        "end": (24, 8),
+        "device_id": (32, 4),
+        "stream_id": (40, 4),
+        "correlation_id": (44, 4),
+    },
+    "ext": {"external_kind": (4, 4), "external_id": (8, 8), "correlation_id": (16, 4)},
+}
+# cupti-python dtype names per struct (newest first); "api" only gives the carrier records' size.
+_DTYPE_NAMES: dict[str, tuple[str, ...]] = {
+    "kernel": ("activity_kernel10_dtype", "activity_kernel9_dtype"),
+    "memcpy": ("activity_memcpy6_dtype", "activity_memcpy5_dtype"),
+    "memset": ("activity_memset4_dtype",),
+    "ext": ("activity_external_correlation_dtype",),
+    "api": ("activity_api_dtype",),
+}
+_BUILTIN_SIZES: dict[str, int] = {"ext": 24, "api": 40}
+# A record size for kinds not (yet) verified: any walk that meets one overshoots and falls back to CUPTI's walk.
+_UNVERIFIED = 1 << 40
+_MAX_KIND = 256
+
+_REQUEST_FN = ctypes.CFUNCTYPE(
+    None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)
+)
+_COMPLETE_FN = ctypes.CFUNCTYPE(
+    None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t
+)
+
+# Numeric span columns decoded per struct, in the order of the record dict's keys that come from them.
+_SPAN_FIELDS: tuple[str, ...] = ("start", "end", "bytes", "name", "pinned", "stream_id", "device_id", "correlation_id")
+
 _STATE_LOCK = threading.Lock()
 _ACTIVE: CuptiSource | None = None
+_RAW: _RawCupti | None = None
 
 
 class CuptiUnavailable(Exception):
     """CUPTI cannot be used in this process; the message says why."""
 
 
-def _on_buffer_requested() -> tuple[int, int]:
-    """CUPTI asks for an empty buffer: its size in bytes, no limit on the number of records."""
-    return BUFFER_BYTES, 0
+class _CuptiCallFailed(Exception):
+    """A libcupti call made through ctypes returned an error (``status`` is its ``CUptiResult``)."""
 
-
-def _on_buffer_completed(activities: Any) -> None:
-    """CUPTI hands back a buffer of records (on its own thread, or in a flush): pass them to the active source."""
-    source = _ACTIVE
-    if source is not None:
-        source._ingest(activities)
+    def __init__(self, what: str, status: int) -> None:
+        super().__init__(f"{what} returned {status}")
+        self.status = status
 
 
 def _describe(exc: BaseException, cupti: Any = None) -> str:
@@ -91,31 +169,237 @@ def _describe(exc: BaseException, cupti: Any = None) -> str:
     return f"CUPTI_{name}" + (f": {hint}" if hint else "")
 
 
+def _libcupti_path(cupti: Any) -> str:
+    """Path of the libcupti that cupti-python loaded: ours must register on that very instance."""
+    cupti.get_timestamp()  # makes cupti-python load the library if it has not yet
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if path.rsplit("/", 1)[-1].startswith("libcupti.so"):
+                    return path
+    except OSError:
+        pass
+    try:  # cupti-python finds libcupti through cuda-pathfinder; ask it the same question
+        from cuda import pathfinder
+
+        return str(pathfinder.load_nvidia_dynamic_lib("cupti").abs_path)
+    except Exception as exc:  # noqa: BLE001
+        raise CuptiUnavailable(f"cannot locate the libcupti that cupti-python loaded: {exc!r}") from exc
+
+
+class _RawCupti:
+    """libcupti through ctypes: our buffer callbacks, flush, and the record walk; one per process."""
+
+    def __init__(self, path: str) -> None:
+        lib = ctypes.CDLL(path)  # already loaded by cupti-python: dlopen returns that same instance
+        lib.cuptiActivityRegisterCallbacks.argtypes = [_REQUEST_FN, _COMPLETE_FN]
+        lib.cuptiActivityRegisterCallbacks.restype = ctypes.c_int
+        lib.cuptiActivityFlushAll.argtypes = [ctypes.c_uint32]
+        lib.cuptiActivityFlushAll.restype = ctypes.c_int
+        lib.cuptiActivityGetNextRecord.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_void_p),
+        ]
+        lib.cuptiActivityGetNextRecord.restype = ctypes.c_int
+        self.path = path
+        self.lib = lib
+        self._lock = threading.Lock()  # guards the pool and the buffers CUPTI holds (CUPTI calls from any thread)
+        self._pool: list[Any] = []
+        self._live: dict[int, Any] = {}
+        # ctypes releases the GIL around foreign calls: flushes never block other Python threads.
+        self.flush_all = lib.cuptiActivityFlushAll
+        self._get_next = lib.cuptiActivityGetNextRecord
+        self._request_fn = _REQUEST_FN(self._on_request)  # kept alive for good: CUPTI has no "unregister"
+        self._complete_fn = _COMPLETE_FN(self._on_complete)
+        #: Record size per activity kind, in 4-byte words, once CUPTI's own walk has shown it; else _UNVERIFIED.
+        self.size_words: list[int] = [_UNVERIFIED] * _MAX_KIND
+        #: Sizes the dtypes predict per kind (bytes): a kind seen only as a buffer's last record is verified by them.
+        self.expected_bytes: dict[int, int] = {}
+        #: Learned sizes that differ from the dtypes' (kind -> (learned, expected) bytes).
+        self.size_mismatch: dict[int, tuple[int, int]] = {}
+        self.end_status = -1  # CUPTI_ERROR_MAX_LIMIT_REACHED, set by the source from cupti-python's enum
+        self.buffers_walked_by_cupti = 0
+        self.last_walk_status = 0
+
+    def register(self) -> None:
+        """Make CUPTI hand its activity buffers to us (replaces any callbacks registered before)."""
+        status = self.lib.cuptiActivityRegisterCallbacks(self._request_fn, self._complete_fn)
+        if status:
+            raise _CuptiCallFailed("cuptiActivityRegisterCallbacks", status)
+
+    def _on_request(self, buf_out: Any, size_out: Any, max_records_out: Any) -> None:
+        """CUPTI asks for an empty buffer (on whichever thread records an activity): one from the pool."""
+        try:
+            with self._lock:
+                buf = self._pool.pop() if self._pool else None
+            if buf is None:
+                buf = (ctypes.c_uint64 * (BUFFER_BYTES // 8))()  # 8-byte aligned, as CUPTI requires
+            addr = ctypes.addressof(buf)
+            with self._lock:
+                self._live[addr] = buf
+            buf_out[0] = addr
+            size_out[0] = ctypes.sizeof(buf)
+            max_records_out[0] = 0
+        except BaseException:  # noqa: BLE001  nothing may escape into CUPTI; a NULL buffer drops the records
+            with contextlib.suppress(BaseException):
+                buf_out[0] = None
+                size_out[0] = 0
+
+    def _on_complete(self, context: Any, stream_id: int, buf: int | None, size: int, valid: int) -> None:
+        """CUPTI hands back a buffer (its thread, or inside a flush): copy the valid bytes, pool the buffer, return."""
+        try:
+            data = ctypes.string_at(buf, valid) if buf and valid else b""
+            with self._lock:
+                kept = self._live.pop(buf, None) if buf else None
+                if kept is not None and len(self._pool) < POOL_MAX:
+                    self._pool.append(kept)
+            source = _ACTIVE
+            if data and source is not None:
+                source._ingest(data)
+        except BaseException:  # noqa: BLE001  nothing may escape into CUPTI's thread
+            pass
+
+    def walk(self, data: bytes) -> list[int]:
+        """Offsets (in 4-byte words) of the records in ``data``: by the verified sizes, else by CUPTI's walk."""
+        self.last_walk_status = 0
+        if len(data) % 8 == 0:
+            words = memoryview(data).cast("I")
+            sizes = self.size_words
+            offsets: list[int] = []
+            add = offsets.append
+            i, n = 0, len(words)
+            try:
+                while i < n:
+                    add(i)
+                    i += sizes[words[i]]
+            except IndexError:  # a kind beyond the table
+                i = -1
+            if i == n:
+                return offsets
+        return self.walk_cupti(data)
+
+    def walk_cupti(self, data: bytes) -> list[int]:
+        """Offsets (in 4-byte words) from ``cuptiActivityGetNextRecord`` on a copy; learns the record sizes it shows."""
+        n = len(data)
+        copy = (ctypes.c_uint64 * ((n + 7) // 8))()
+        ctypes.memmove(copy, data, n)
+        base = ctypes.addressof(copy)
+        record = ctypes.c_void_p()
+        offsets: list[int] = []
+        while True:
+            status = self._get_next(base, n, ctypes.byref(record))
+            if status:
+                break
+            offset = (record.value or 0) - base
+            if offset < 0 or offset >= n or offset % 8:
+                status = -1
+                break
+            offsets.append(offset >> 2)
+        self.last_walk_status = 0 if status == self.end_status else status
+        self.buffers_walked_by_cupti += 1
+        self._learn(data, offsets)
+        return offsets
+
+    def _learn(self, data: bytes, offsets: list[int]) -> None:
+        """Record each kind's size from the gaps between CUPTI's record offsets (all equal, or nothing learned)."""
+        if not offsets:
+            return
+        words = np.frombuffer(data, np.uint32, count=len(data) // 4)
+        pos = np.asarray(offsets, dtype=np.int64)
+        kinds = words[pos]
+        gaps = np.diff(np.append(pos, len(data) // 4))
+        for kind in np.unique(kinds).tolist():
+            if kind >= _MAX_KIND:
+                continue
+            mine = kinds == kind
+            interior = np.unique(gaps[:-1][mine[:-1]])
+            if interior.size == 1:
+                learned = int(interior[0])
+            elif interior.size == 0 and gaps[-1] * 4 == self.expected_bytes.get(kind):
+                learned = int(gaps[-1])  # only ever last in its buffers: the gap to the end must match the dtype
+            else:
+                continue
+            self.size_words[kind] = learned
+            expected = self.expected_bytes.get(kind)
+            if expected is not None and expected != learned * 4:
+                self.size_mismatch[kind] = (learned * 4, expected)
+
+
+def _raw_cupti(cupti: Any) -> _RawCupti:
+    """The process's :class:`_RawCupti`, created on first use."""
+    global _RAW
+    if _RAW is None:
+        path = _libcupti_path(cupti)
+        try:
+            _RAW = _RawCupti(path)
+        except (OSError, AttributeError) as exc:
+            raise CuptiUnavailable(f"cannot open {path} through ctypes: {exc}") from exc
+    return _RAW
+
+
+def _layout(cupti: Any) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str, int], list[str]]:
+    """Field (offset, size) per struct and struct sizes, from cupti-python's dtypes where it has them; plus notes."""
+    fields: dict[str, dict[str, tuple[int, int]]] = {}
+    sizes: dict[str, int] = dict(_BUILTIN_SIZES)
+    notes: list[str] = []
+    for struct, names in _DTYPE_NAMES.items():
+        dtype = next((getattr(cupti, n) for n in names if getattr(cupti, n, None) is not None), None)
+        if dtype is not None:
+            sizes[struct] = (int(dtype.itemsize) + 7) // 8 * 8
+        builtin = _BUILTIN_FIELDS.get(struct, {})
+        chosen: dict[str, tuple[int, int]] = {}
+        for field, default in builtin.items():
+            camel = field.split("_")[0] + "".join(p.title() for p in field.split("_")[1:])
+            entry = None
+            for name in (field, camel):
+                if dtype is not None and dtype.fields and name in dtype.fields:
+                    entry = dtype.fields[name]
+                    break
+            if entry is not None and entry[0].itemsize in (1, 2, 4, 8) and entry[0].kind in "iub":
+                chosen[field] = (int(entry[1]), int(entry[0].itemsize))
+                if chosen[field] != default:
+                    notes.append(f"{struct}.{field} at {chosen[field]} per cupti-python, {default} per cupti.h")
+            else:
+                chosen[field] = default
+                notes.append(f"{struct}.{field}: built-in offset {default}")
+        if builtin:
+            fields[struct] = chosen
+    return fields, sizes, notes
+
+
 class CuptiSource:
     """Collects CUPTI activity records (kernels, memcpy, memset) with device start/end; never synchronizes."""
 
     def __init__(self) -> None:
         self._cupti: Any = None
+        self._raw: _RawCupti | None = None
         self._running = False
         self._enabled: list[Any] = []
-        self._lock = threading.Lock()  # guards _incoming and _incoming_ext (written on CUPTI's thread)
+        self._lock = threading.Lock()  # guards _incoming (appended on CUPTI's thread)
         self._flush_lock = threading.Lock()  # serializes flush() and guards the join state below
-        self._incoming: list[tuple[dict[str, Any], int, int]] = []
-        self._incoming_ext: list[tuple[int, int]] = []
+        self._incoming: list[bytes] = []
         self._held: list[tuple[dict[str, Any], int, int, int]] = []
-        self._ext_map: dict[int, tuple[int, int]] = {}  # corr id -> (ext id, arrival flush, or -flush of last use)
+        self._ext_ids: dict[int, int] = {}  # correlation id -> external id (insertion order: oldest first)
+        self._ext_last_use: dict[int, int] = {}  # correlation id -> flush that last attached it to a record
+        self._ext_uses: collections.deque[tuple[int, list[int]]] = collections.deque()  # (flush, ids used then)
         self._flush_index = 0
         self._pushed = False
         self._push: Any = None
         self._pop: Any = None
         self._ext_kind = 0
+        self._fields: dict[str, dict[str, tuple[int, int]]] = {}
+        self._read_names = True  # False once CUPTI's records turn out larger or smaller than the dtype says
         #: Whether the API carrier records are limited to the calls that enqueue device work.
         self.api_filtered = False
         #: Records dropped because CUPTI had no valid start/end for them (e.g. cut off by a forced flush).
         self.incomplete_records = 0
-        #: Records that failed to convert in the buffer callback, and the last such error.
+        #: Failures while flushing or decoding buffers, and the last such error.
         self.callback_errors = 0
         self.last_callback_error = ""
+        #: Where the record layouts came from and what did not match (empty when cupti-python and cupti.h agree).
+        self.layout_notes: list[str] = []
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -151,25 +435,20 @@ class CuptiSource:
             self._reset()
             self._cupti = cupti
             try:
-                self._k_kernels = {int(cupti.ActivityKind.CONCURRENT_KERNEL), int(cupti.ActivityKind.KERNEL)}
-                self._k_memcpy = int(cupti.ActivityKind.MEMCPY)
-                self._k_memset = int(cupti.ActivityKind.MEMSET)
-                self._k_ext = int(cupti.ActivityKind.EXTERNAL_CORRELATION)
-                self._ext_kind = int(cupti.ExternalCorrelationKind.CUSTOM0)
-                self._copy_kinds = {
-                    int(member): _COPY_KIND_NAMES.get(member.name, "other_copy") for member in cupti.ActivityMemcpyKind
-                }
-                self._pinned_of = {int(cupti.ActivityMemoryKind.PINNED): 1, int(cupti.ActivityMemoryKind.PAGEABLE): 0}
-                self._host_src = {int(cupti.ActivityMemcpyKind.HTOD), int(cupti.ActivityMemcpyKind.HTOA)}
-                self._host_dst = {int(cupti.ActivityMemcpyKind.DTOH), int(cupti.ActivityMemcpyKind.ATOH)}
+                self._raw = _raw_cupti(cupti)
+                self._setup_tables(cupti)
                 _ACTIVE = self  # before enabling, so that no buffer completes without a receiver
-                cupti.activity_register_callbacks(_on_buffer_requested, _on_buffer_completed)
+                self._raw.register()
                 for name in ACTIVITY_KINDS + API_CARRIER_KINDS:
                     kind = cupti.ActivityKind[name]
                     cupti.activity_enable(kind)
                     self._enabled.append(kind)
                 self.api_filtered = API_FILTER and bool(API_CARRIER_KINDS) and self._filter_api(True)
-            except Exception as exc:  # cuptiError, or libcupti failing to load
+            except CuptiUnavailable:
+                self._disable_all()
+                _ACTIVE = None
+                raise
+            except Exception as exc:  # cuptiError, a failed ctypes call, or libcupti failing to load
                 self._disable_all()
                 _ACTIVE = None
                 raise CuptiUnavailable(f"CUPTI activity tracing could not start: {_describe(exc, cupti)}") from exc
@@ -182,15 +461,15 @@ class CuptiSource:
         global _ACTIVE
         if not self._running:
             return
-        cupti = self._cupti
-        with contextlib.suppress(Exception):
-            cupti.activity_flush_all(1)
+        raw = self._raw
+        if raw is not None:
+            raw.flush_all(1)
         self._disable_all()
-        with contextlib.suppress(Exception):
-            cupti.activity_flush_all(1)
+        if raw is not None:
+            raw.flush_all(1)
         with _STATE_LOCK:
             if _ACTIVE is self:
-                _ACTIVE = None  # CUPTI has no "unregister": the global callbacks now drop what comes
+                _ACTIVE = None  # CUPTI has no "unregister": our callbacks now drop what comes
             self._running = False
 
     @property
@@ -216,16 +495,20 @@ class CuptiSource:
     def flush(self) -> list[dict[str, Any]]:
         """Non-forced CUPTI flush, then every record completed since the last call, sorted by ``start_ns``."""
         with self._flush_lock:
-            if self._running:
-                try:
-                    self._cupti.activity_flush_all(0)
-                except Exception as exc:  # noqa: BLE001
+            if self._running and self._raw is not None:
+                status = self._raw.flush_all(0)
+                if status:
                     self.callback_errors += 1
-                    self.last_callback_error = f"flush: {_describe(exc, self._cupti)}"
+                    self.last_callback_error = f"flush: {_describe(_CuptiCallFailed('flush', status), self._cupti)}"
             with self._lock:
-                incoming, self._incoming = self._incoming, []
-                ext, self._incoming_ext = self._incoming_ext, []
-            return self._join(incoming, ext, final=not self._running)
+                buffers, self._incoming = self._incoming, []
+            try:
+                cols, ext = self._decode(buffers)
+            except Exception as exc:  # noqa: BLE001  a bad buffer must not stop the harvester
+                self.callback_errors += 1
+                self.last_callback_error = f"decode: {type(exc).__name__}: {exc}"
+                cols, ext = None, ([], [])
+            return self._join(cols, ext, final=not self._running)
 
     def clock_sample(self) -> tuple[int, int, int]:
         """(cupti_ns, host perf_counter_ns, error_ns): a CUPTI timestamp bracketed by two host reads (best of 3)."""
@@ -251,8 +534,41 @@ class CuptiSource:
     def _reset(self) -> None:
         self._enabled = []
         with self._lock:
-            self._incoming, self._incoming_ext = [], []
-        self._held, self._ext_map, self._flush_index, self._pushed = [], {}, 0, False
+            self._incoming = []
+        self._held, self._flush_index, self._pushed = [], 0, False
+        self._ext_ids, self._ext_last_use, self._ext_uses = {}, {}, collections.deque()
+
+    def _setup_tables(self, cupti: Any) -> None:
+        """Kind codes, enum lookup tables and record layouts from cupti-python; the expected sizes to the walker."""
+        kind = cupti.ActivityKind
+        self._k_kernels = (int(kind.CONCURRENT_KERNEL), int(kind.KERNEL))
+        self._k_memcpy = int(kind.MEMCPY)
+        self._k_memset = int(kind.MEMSET)
+        self._k_ext = int(kind.EXTERNAL_CORRELATION)
+        self._ext_kind = int(cupti.ExternalCorrelationKind.CUSTOM0)
+        self._copy_names = np.full(256, "other_copy", dtype=object)
+        for member in cupti.ActivityMemcpyKind:
+            if 0 <= int(member) < 256:
+                self._copy_names[int(member)] = _COPY_KIND_NAMES.get(member.name, "other_copy")
+        self._pinned_of = np.full(256, -1, dtype=np.int64)
+        self._pinned_of[int(cupti.ActivityMemoryKind.PINNED)] = 1
+        self._pinned_of[int(cupti.ActivityMemoryKind.PAGEABLE)] = 0
+        self._host_src = np.array([int(cupti.ActivityMemcpyKind.HTOD), int(cupti.ActivityMemcpyKind.HTOA)])
+        self._host_dst = np.array([int(cupti.ActivityMemcpyKind.DTOH), int(cupti.ActivityMemcpyKind.ATOH)])
+        self._fields, sizes, self.layout_notes = _layout(cupti)
+        raw = self._raw
+        if raw is not None:
+            raw.end_status = int(cupti.Result.ERROR_MAX_LIMIT_REACHED)
+            for struct, codes in (
+                ("kernel", self._k_kernels),
+                ("memcpy", (self._k_memcpy,)),
+                ("memset", (self._k_memset,)),
+                ("ext", (self._k_ext,)),
+                ("api", (int(kind.DRIVER), int(kind.RUNTIME))),
+            ):
+                if struct in sizes:
+                    for code in codes:
+                        raw.expected_bytes[code] = sizes[struct]
 
     def _disable_all(self) -> None:
         for kind in reversed(self._enabled):
@@ -282,87 +598,219 @@ class CuptiSource:
             return False
         return True
 
-    def _ingest(self, activities: Any) -> None:
-        """Buffer-completed callback body: convert records to dicts at once (the buffer is reused afterwards)."""
-        recs: list[tuple[dict[str, Any], int, int]] = []
-        ext: list[tuple[int, int]] = []
-        for act in activities:
-            try:
-                kind = act.kind
-                runtime_corr = 0
-                if kind == self._k_ext:
-                    if act.external_kind == self._ext_kind:
-                        ext.append((int(act.correlation_id), int(act.external_id)))
-                    continue
-                if kind in self._k_kernels:
-                    name, nbytes, pinned, span_kind = str(act.name), 0, -1, "kernel"
-                elif kind == self._k_memcpy:
-                    copy_kind = int(act.copy_kind)
-                    span_kind = self._copy_kinds.get(copy_kind, "other_copy")
-                    if copy_kind in self._host_src:
-                        pinned = self._pinned_of.get(int(act.src_kind), -1)
-                    elif copy_kind in self._host_dst:
-                        pinned = self._pinned_of.get(int(act.dst_kind), -1)
-                    else:
-                        pinned = -1
-                    name, nbytes = "", int(act.bytes)
-                    runtime_corr = int(act.runtime_correlation_id)
-                elif kind == self._k_memset:
-                    name, nbytes, pinned, span_kind = "", int(act.bytes), -1, "memset"
-                else:
-                    continue  # API carrier records
-                start, end = int(act.start), int(act.end)
-                if start <= 0 or end < start:
-                    self.incomplete_records += 1
-                    continue
-                rec = {
-                    "kind": span_kind,
-                    "start_ns": start,
-                    "end_ns": end,
-                    "external_id": -1,
-                    "bytes": nbytes,
-                    "name": name,
-                    "pinned": pinned,
-                    "cupti_stream": int(act.stream_id),
-                    "device": int(act.device_id),
-                }
-                recs.append((rec, int(act.correlation_id), runtime_corr))
-            except Exception as exc:  # noqa: BLE001  never let an exception escape into CUPTI's thread
-                self.callback_errors += 1
-                self.last_callback_error = f"{type(exc).__name__}: {exc}"
+    def _ingest(self, data: bytes) -> None:
+        """Buffer-completed callback body: keep the copied bytes for the next flush (nothing decoded here)."""
         with self._lock:
-            self._incoming.extend(recs)
-            self._incoming_ext.extend(ext)
+            self._incoming.append(data)
+
+    def _decode(self, buffers: list[bytes]) -> tuple[dict[str, np.ndarray] | None, tuple[list[int], list[int]]]:
+        """Span columns (ordered by start, then buffer order) and this flush's (correlation ids, external ids)."""
+        raw = self._raw
+        if not buffers or raw is None:
+            return None, ([], [])
+        parts: list[bytes] = []
+        offsets: list[np.ndarray] = []
+        base = 0
+        for data in buffers:
+            words = raw.walk(data)
+            if raw.last_walk_status:
+                self.callback_errors += 1
+                self.last_callback_error = f"record walk stopped early: CUPTI result {raw.last_walk_status}"
+            if len(data) % 8:
+                data += bytes(8 - len(data) % 8)  # keeps the next buffer's records 8-byte aligned in the blob
+            parts.append(data)
+            offsets.append(np.asarray(words, dtype=np.int64) + base)
+            base += len(data) // 4
+        blob = parts[0] if len(parts) == 1 else b"".join(parts)
+        at = np.concatenate(offsets)
+        views = {
+            1: np.frombuffer(blob, np.uint8),
+            2: np.frombuffer(blob, np.uint16),
+            4: np.frombuffer(blob, np.uint32),
+            8: np.frombuffer(blob, np.uint64),
+        }
+        kinds = views[4][at]
+        aligned = not bool((at & 1).any())
+
+        def column(rows: np.ndarray, struct: str, field: str) -> np.ndarray:
+            offset, size = self._fields[struct][field]
+            if size == 4 and offset % 4 == 0:
+                return views[4][rows + offset // 4]
+            if size == 8 and offset % 8 == 0 and aligned:
+                return views[8][(rows >> 1) + offset // 8]
+            pos = rows * 4 + offset
+            if offset % size == 0 and size <= 4:
+                return views[size][pos // size]
+            raw_bytes = views[1][pos[:, None] + np.arange(size)]
+            return np.ascontiguousarray(raw_bytes).view(f"<u{size}").ravel()
+
+        ext_rows = at[kinds == self._k_ext]
+        ext: tuple[list[int], list[int]] = ([], [])
+        if ext_rows.size:
+            mine = column(ext_rows, "ext", "external_kind") == self._ext_kind
+            ext = (
+                column(ext_rows, "ext", "correlation_id")[mine].tolist(),
+                column(ext_rows, "ext", "external_id")[mine].tolist(),
+            )
+
+        groups: list[tuple[np.ndarray, ...]] = []  # (row, kind, *_SPAN_FIELDS, runtime_correlation_id) per struct
+
+        def add_group(rows: np.ndarray, struct: str, kind: np.ndarray, **given: np.ndarray) -> None:
+            cols = [given[f] if f in given else column(rows, struct, f).astype(np.int64) for f in _SPAN_FIELDS]
+            runtime = given.get("runtime_correlation_id", np.zeros(rows.size, np.int64))
+            groups.append((rows, kind, *cols, runtime))
+
+        kernel_rows = at[np.isin(kinds, self._k_kernels)]
+        if kernel_rows.size:
+            n = kernel_rows.size
+            names = np.full(n, "", dtype=object)
+            if self._read_names and any(k in raw.size_mismatch for k in self._k_kernels):
+                self._read_names = False  # another struct version than the dtype: the name offset is not trusted
+                self.layout_notes.append(f"kernel names not read: record sizes {raw.size_mismatch} differ")
+            if self._read_names:
+                pointers = column(kernel_rows, "kernel", "name")
+                unique, inverse = np.unique(pointers, return_inverse=True)
+                names = np.array([self._kernel_name(p) for p in unique.tolist()], dtype=object)[inverse.ravel()]
+            kind = np.full(n, "kernel", dtype=object)
+            add_group(kernel_rows, "kernel", kind, bytes=np.zeros(n, np.int64), name=names, pinned=np.full(n, -1))
+        memcpy_rows = at[kinds == self._k_memcpy]
+        if memcpy_rows.size:
+            n = memcpy_rows.size
+            copy_kind = column(memcpy_rows, "memcpy", "copy_kind").astype(np.int64) & 255
+            pinned = np.full(n, -1, np.int64)
+            from_host = np.isin(copy_kind, self._host_src)
+            to_host = np.isin(copy_kind, self._host_dst)
+            src_kind = column(memcpy_rows, "memcpy", "src_kind").astype(np.int64) & 255
+            dst_kind = column(memcpy_rows, "memcpy", "dst_kind").astype(np.int64) & 255
+            pinned[from_host] = self._pinned_of[src_kind[from_host]]
+            pinned[to_host] = self._pinned_of[dst_kind[to_host]]
+            runtime = column(memcpy_rows, "memcpy", "runtime_correlation_id").astype(np.int64)
+            names = np.full(n, "", dtype=object)
+            kind = self._copy_names[copy_kind]
+            add_group(memcpy_rows, "memcpy", kind, name=names, pinned=pinned, runtime_correlation_id=runtime)
+        memset_rows = at[kinds == self._k_memset]
+        if memset_rows.size:
+            n = memset_rows.size
+            kind = np.full(n, "memset", dtype=object)
+            add_group(memset_rows, "memset", kind, name=np.full(n, "", dtype=object), pinned=np.full(n, -1))
+        if not groups:
+            return None, ext
+        names = ("row", "kind", *_SPAN_FIELDS, "runtime_correlation_id")
+        cols = dict(zip(names, groups[0] if len(groups) == 1 else map(np.concatenate, zip(*groups))))
+        start, end = cols["start"], cols["end"]
+        keep = np.flatnonzero((start > 0) & (end >= start))
+        self.incomplete_records += start.size - keep.size
+        order = keep[np.lexsort((cols["row"][keep], start[keep]))]
+        return {name: col[order] for name, col in cols.items()}, ext
+
+    @staticmethod
+    def _kernel_name(pointer: int) -> str:
+        """The C string CUPTI keeps for a kernel's name ('' for NULL or a value no user-space pointer has)."""
+        if not 4096 <= pointer < 1 << 56:
+            return ""
+        return ctypes.string_at(pointer).decode("utf-8", "replace")
 
     def _join(
-        self, incoming: list[tuple[dict[str, Any], int, int]], ext: list[tuple[int, int]], final: bool
+        self, cols: dict[str, np.ndarray] | None, ext: tuple[list[int], list[int]], final: bool
     ) -> list[dict[str, Any]]:
         """Attach external ids by correlation id; hold unmatched records for up to HOLD_FLUSHES flushes."""
         self._flush_index += 1
         now = self._flush_index
-        ext_map = self._ext_map
-        for corr, ext_id in ext:
-            ext_map[corr] = (ext_id, now)
+        ext_ids, last_use = self._ext_ids, self._ext_last_use
+        if ext[0]:
+            ext_ids.update(zip(*ext))
         wait = self._pushed and not final
         out: list[dict[str, Any]] = []
         held: list[tuple[dict[str, Any], int, int, int]] = []
-        for rec, corr, runtime_corr, born in self._held + [(r, c, rc, now) for r, c, rc in incoming]:
-            key = corr if corr in ext_map else runtime_corr
-            hit = ext_map.get(key) if key else None
+        used: list[int] = []
+        for rec, corr, runtime_corr, born in self._held:
+            key = corr if corr in ext_ids else runtime_corr
+            hit = ext_ids.get(key) if key else None
             if hit is not None:
-                rec["external_id"] = hit[0]
-                del ext_map[key]  # re-inserted last: the cap below drops the least recently used first
-                ext_map[key] = (hit[0], -now)  # negative: used at flush ``now``, may go after EXT_KEEP_FLUSHES
+                rec["external_id"] = hit
+                used.append(key)
                 out.append(rec)
             elif wait and now - born < HOLD_FLUSHES:
                 held.append((rec, corr, runtime_corr, born))
             else:
                 out.append(rec)
+        released = len(out)
+        if cols is not None:
+            corr = cols["correlation_id"]
+            ids = np.array(list(map(ext_ids.get, corr.tolist())), dtype=object)
+            miss = np.equal(ids, None)
+            used += corr[~miss].tolist()
+            runtime = cols["runtime_correlation_id"]
+            retry = np.flatnonzero(miss & (runtime != 0))  # copies the runtime API tagged (cudaMemcpy*)
+            if retry.size:
+                keys = runtime[retry].tolist()
+                ids[retry] = np.array(list(map(ext_ids.get, keys)), dtype=object)
+                miss[retry] = np.equal(ids[retry], None)
+                used += [k for k, missing in zip(keys, miss[retry].tolist()) if not missing]
+            ext_col = np.where(miss, -1, ids)
+            if wait and miss.any():
+                out += _span_dicts(cols, ext_col, ~miss)
+                hold = _span_dicts(cols, ext_col, miss)
+                held += zip(hold, corr[miss].tolist(), runtime[miss].tolist(), itertools.repeat(now))
+            else:
+                out += _span_dicts(cols, ext_col, None)
         self._held = held
-        if now % 4 == 0 and ext_map:
-            self._ext_map = ext_map = {c: v for c, v in ext_map.items() if v[1] >= 0 or now + v[1] <= EXT_KEEP_FLUSHES}
-        if len(ext_map) > EXT_MAP_MAX:  # entries of ops still queued (or never used): keep the newest half
-            for c in list(itertools.islice(ext_map, len(ext_map) - EXT_MAP_MAX // 2)):
-                del ext_map[c]
-        out.sort(key=lambda r: r["start_ns"])
+        if used:  # entries stay EXT_KEEP_FLUSHES flushes after their last use: graph launches share one
+            last_use.update(zip(used, itertools.repeat(now)))
+            self._ext_uses.append((now, used))
+        uses = self._ext_uses
+        while uses and now - uses[0][0] > EXT_KEEP_FLUSHES:
+            flush_index, keys = uses.popleft()
+            stale = [k for k in keys if last_use.get(k) == flush_index]
+            collections.deque(map(ext_ids.pop, stale, itertools.repeat(None)), maxlen=0)
+            collections.deque(map(last_use.pop, stale, itertools.repeat(None)), maxlen=0)
+        if len(ext_ids) > EXT_MAP_MAX:  # entries of ops still queued (or never used): keep the newest half
+            for c in list(itertools.islice(ext_ids, len(ext_ids) - EXT_MAP_MAX // 2)):
+                del ext_ids[c]
+                last_use.pop(c, None)
+        if released:
+            out.sort(key=operator.itemgetter("start_ns"))
         return out
+
+
+def _span_dicts(cols: dict[str, np.ndarray], ext_col: np.ndarray, rows: np.ndarray | None) -> list[dict[str, Any]]:
+    """The record dicts of ``rows`` (a mask; None: all) of the decoded columns, with their external ids."""
+
+    def pick(col: np.ndarray) -> list[Any]:
+        return (col if rows is None else col[rows]).tolist()
+
+    return [
+        {
+            "kind": k,
+            "start_ns": s,
+            "end_ns": e,
+            "external_id": x,
+            "bytes": b,
+            "name": nm,
+            "pinned": p,
+            "cupti_stream": st,
+            "device": d,
+        }
+        for k, s, e, x, b, nm, p, st, d in zip(
+            pick(cols["kind"]),
+            pick(cols["start"]),
+            pick(cols["end"]),
+            pick(ext_col),
+            pick(cols["bytes"]),
+            pick(cols["name"]),
+            pick(cols["pinned"]),
+            pick(cols["stream_id"]),
+            pick(cols["device_id"]),
+        )
+    ]
+
+
+def _stop_active_at_exit() -> None:
+    """Stop the active source before the interpreter goes: CUPTI must not call into a finalizing Python."""
+    source = _ACTIVE
+    if source is not None:
+        with contextlib.suppress(Exception):
+            source.stop()
+
+
+atexit.register(_stop_active_at_exit)

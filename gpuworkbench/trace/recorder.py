@@ -463,11 +463,11 @@ class Trace:
 
         return trace_memory_plot(self, **kw)
 
-    def show(self):  # noqa: ANN201 - None in a notebook, else a bokeh layout
-        """Display timeline, memory plot and summary in a notebook (inline BokehJS); elsewhere return the layout."""
+    def show(self, window: tuple[int, int] | None = None):  # noqa: ANN201 - None in a notebook, else a bokeh layout
+        """Display timeline, memory plot and summary (over ``window``) in a notebook; elsewhere return the layout."""
         from ..viz import show_trace
 
-        return show_trace(self)
+        return show_trace(self, window=window)
 
     @classmethod
     def from_records(cls, records: Any, device_names: Mapping[int, str] | None = None) -> Trace:

@@ -42,23 +42,26 @@ def inline_setup(force: bool = False) -> bool:
     return True
 
 
-def trace_layout(trace: Any) -> Any:
-    """Timeline, memory plot (sharing its time axis) and the summary table of a trace, as one Bokeh column."""
+def trace_layout(trace: Any, window: tuple[int, int] | None = None) -> Any:
+    """Timeline, memory plot (sharing its time axis) and the summary table of a trace, as one Bokeh column.
+
+    ``window`` (start_ns, end_ns), e.g. a cell's wall time, is the summary's W instead of first-to-last op.
+    """
     from bokeh.layouts import column
     from bokeh.models import Div
 
     timeline = trace_timeline(trace)
     memory = trace_memory_plot(trace, x_range=timeline.x_range)
-    summary = Div(text=trace.summary()._repr_html_(), sizing_mode="stretch_width")
+    summary = Div(text=trace.summary(window=window)._repr_html_(), sizing_mode="stretch_width")
     return column(timeline, memory, summary, sizing_mode="stretch_width")
 
 
-def show_trace(trace: Any) -> Any:
+def show_trace(trace: Any, window: tuple[int, int] | None = None) -> Any:
     """``Trace.show``: display timeline, memory and summary in a notebook (inline BokehJS); elsewhere return them.
 
     Returns None after displaying, so that the cell does not also print the layout's repr.
     """
-    layout = trace_layout(trace)
+    layout = trace_layout(trace, window)
     if not inline_setup():
         return layout
     from bokeh.io import show

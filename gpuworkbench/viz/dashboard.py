@@ -34,10 +34,19 @@ _RUNNING: weakref.WeakSet[Live] = weakref.WeakSet()
 
 
 class _BokehModel(BokehModel):
-    """``jupyter_bokeh.BokehModel`` whose ``close`` may run twice.
+    """``jupyter_bokeh.BokehModel`` that applies front-end changes under the dashboard's lock, and may close twice.
 
-    jupyter_bokeh 4.1 raises KeyError when closed again, which ipywidgets does from ``__del__`` (noise at exit).
+    Front-end events (a pan changing a range) arrive on the main thread while the dashboard's thread streams: one lock
+    keeps them apart. jupyter_bokeh 4.1 raises KeyError when closed again, as ipywidgets does from ``__del__``.
     """
+
+    def __init__(self, model: Any, lock: threading.RLock) -> None:
+        self._document_lock = lock
+        super().__init__(model)
+
+    def _sync_model(self, *args: Any) -> None:
+        with self._document_lock:
+            super()._sync_model(*args)
 
     def close(self) -> None:
         try:
@@ -61,9 +70,10 @@ class Live(widgets.VBox):
     """A dashboard widget that follows ``trace`` while later cells run: timeline, summary numbers, memory gauge.
 
     Its thread starts at once and pushes at most ``rate_hz`` (≤ 30) times a second, only when the trace changed; the
-    timeline keeps the newest ``rollover`` spans and the numbers describe those spans. ``device`` (a gpuworkbench
-    Device, optional) gives the gauge its total; without it the gauge shows held bytes against the used total traced.
-    Call ``stop()`` to end the thread (and the trace, when the dashboard started it).
+    timeline keeps the newest ``rollover`` spans; the numbers (``summary_hz`` times a second) describe the newest
+    ``summary_spans``. ``device`` (a gpuworkbench Device, optional) gives the gauge its total; without it the gauge
+    shows held bytes beside the used total traced. ``stop()`` ends the thread (and the trace, if the dashboard
+    started it).
     """
 
     def __init__(
@@ -74,17 +84,19 @@ class Live(widgets.VBox):
         rate_hz: float = 10.0,
         summary_hz: float = 2.0,
         rollover: int = 20_000,
+        summary_spans: int = 5_000,
         owns_trace: bool = False,
         display_grace_s: float = 1.0,
         width: int = 1000,
     ) -> None:
         if not 0 < rate_hz <= MAX_RATE_HZ:
             raise ValueError(f"rate_hz must be in (0, {MAX_RATE_HZ:g}], not {rate_hz!r}")
-        if rollover < 1:
-            raise ValueError(f"rollover must be at least 1 span, not {rollover!r}")
+        if rollover < 1 or summary_spans < 1:
+            raise ValueError(f"rollover and summary_spans must be at least 1 span, not {rollover!r}, {summary_spans!r}")
         inline_setup()
         self.trace, self.device, self.owns_trace = trace, device, owns_trace
         self.rate_hz, self.summary_hz, self.rollover = float(rate_hz), float(summary_hz), int(rollover)
+        self.summary_spans = int(summary_spans)
         self.display_grace_s = display_grace_s
         self.pushes = 0  # ticks that sent anything to the front end
         self.spans_streamed = 0
@@ -93,7 +105,8 @@ class Live(widgets.VBox):
         self._cursor = 0  # spans of the trace read so far (``table(since=...)``)
         self._version = -1
         self._t0_ns = int(trace.started_ns) or None
-        self._retained = empty_table()  # the spans the timeline shows, for the summary numbers
+        self.cpu_s = 0.0  # CPU time the dashboard's thread spent in ticks: what it can take from the traced work
+        self._retained = empty_table()  # the newest ``summary_spans`` spans, for the numbers
         self._summary_at = 0.0
         self._rate_since = time.monotonic()  # when the spans/s count began
         self._summary_cursor = 0
@@ -108,7 +121,7 @@ class Live(widgets.VBox):
         self._figure, self.source, _ = build_timeline(
             empty_table(), self._rows, self._t0_ns or 0, title="live timeline", width=width, webgl=True
         )
-        self._bokeh = _BokehModel(self._figure)
+        self._bokeh = _BokehModel(self._figure, self._doc_lock)
         self._numbers = widgets.HTML(value="<i>waiting for spans…</i>")
         self._gauge = widgets.FloatProgress(value=0.0, min=0.0, max=1.0, description="memory", bar_style="info")
         self._gauge_text = widgets.HTML(value="")
@@ -179,7 +192,9 @@ class Live(widgets.VBox):
             if now < self._hold_until:
                 continue
             try:
+                cpu = time.thread_time()
                 self._tick()
+                self.cpu_s += time.thread_time() - cpu
             except Exception as exc:  # noqa: BLE001 - a broken tick must show in the widget, not kill the thread
                 message = f"{type(exc).__name__}: {exc}"
                 if len(self.errors) < 20:
@@ -226,10 +241,8 @@ class Live(widgets.VBox):
             self._figure.height = self._rows.height(26)
         self.source.stream(span_columns(new, self._rows, self._t0_ns), rollover=self.rollover)
         self.spans_streamed += n
-        keep = self.rollover
-        self._retained = {
-            col: np.concatenate([self._retained[col], new[col]])[-keep:] if keep else new[col][:0] for col in COLUMNS
-        }
+        keep = self.summary_spans
+        self._retained = {col: np.concatenate([self._retained[col], new[col]])[-keep:] for col in COLUMNS}
         return True
 
     def _refresh_numbers(self, now: float) -> bool:
@@ -246,8 +259,8 @@ class Live(widgets.VBox):
     def _numbers_html(self, rate: float) -> str:
         shown = len(self._retained["kind"])
         head = (
-            f"<b>{self.spans_streamed:,}</b> spans · <b>{rate:,.0f}</b> spans/s · figures over the "
-            f"{'last ' if self.spans_streamed > shown else ''}{shown:,} spans shown"
+            f"<b>{self.spans_streamed:,}</b> spans · <b>{rate:,.0f}</b> spans/s · numbers over the "
+            f"{'newest ' if self.spans_streamed > shown else ''}{shown:,} spans"
         )
         if self.trace.stats.dropped:
             head += f" · {self.trace.stats.dropped:,} dropped by the trace's ring"

@@ -1,0 +1,300 @@
+"""``@gw.kernel``: a small typed Python function translated to CUDA C, OpenCL C and WGSL, and run with NumPy on the CPU.
+
+One definition, every backend, the same results::
+
+    @gw.kernel
+    def saxpy(i: gw.index, y: gw.f32[:], x: gw.f32[:], a: gw.f32, n: gw.i32):
+        if i < n:
+            y[i] = a * x[i] + y[i]
+
+    saxpy.launch(n, y, x, 2.0, n, stream=s)          # grid and block chosen for the device
+    saxpy(grid, block, (y, x, 2.0, n), stream=s)     # or given, as for any Kernel
+    print(saxpy.source("cuda"))                      # also "opencl", "wgsl", "numpy"
+
+**Parameters** (each annotated): first the thread index, ``i: gw.index`` (1-D) or ``x: gw.index, y: gw.index`` (2-D,
+x along a row); then arrays ``gw.f32[:]``, 2-D arrays ``gw.f32[:, :]`` (the launch shape) or ``gw.f32[:, gw.width.w]``
+(rows of ``w`` elements, ``w`` an integer parameter), and scalars ``gw.f32``. Element types: f32, f64, i32, u32, i64
+(WebGPU has f32, i32, u32 only). 2-D arrays are indexed ``a[row, col]``, i.e. ``a[y, x]``.
+
+**The body**: arithmetic, comparisons, ``and or not``, ``a if c else b``, ``if/elif/else``, ``for k in range(...)``,
+array reads and writes (``a[i]``, ``a[y, x]``, ``a[i] += v``), locals (typed by their first assignment, or declared as
+``t: gw.f32 = 0``; they start at zero, as in C), a bare ``return``, numbers from outside (read once, at decoration),
+and math: sqrt exp exp2 log log2 log10 sin cos tan asin acos atan atan2 sinh cosh tanh floor ceil trunc pow abs min max
+(as ``math.sqrt``, ``np.sqrt`` or plain ``sqrt``), with casts ``int()``, ``float()``, ``gw.f32()`` and friends.
+Python's meaning is kept where C's differs: ``/`` is true division, ``//`` floors, ``%`` takes the divisor's sign.
+Types follow C's arithmetic conversions (i32 op u32 → u32, int op f32 → f32); literals take the other operand's type;
+``float()`` and ``/`` of integers give f32 (f64 when a parameter is f64). Every index runs the body: there are no
+bounds checks on array accesses, and lanes that write the same element race as on a GPU.
+
+**Stencils**: ``a.at(dx, dy)`` reads the neighbour at an offset from the thread's own ``(x, y)`` in an array of the
+launch shape, clamped to the edges (the edge value repeats outwards, so any halo width works); ``a.at(dx)`` in 1-D.
+
+Anything else (while, break, try, with, comprehensions, lambdas, calls to other functions, names that are not numbers)
+is refused when the function is decorated, with the file, line and source line.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._pykernel_emit import c_source, numpy_source, wgsl_source
+from ._pykernel_translate import (
+    INDEX,
+    SCALAR_TYPES,
+    WIDTH,
+    ArrayType,
+    IndexType,
+    KernelIR,
+    Param,
+    ScalarType,
+    translate,
+)
+from .buffer import Buffer
+from .errors import CompileError, InvalidArgument
+from .kernels import Kernel, _dims
+from .streams import Event, Stream
+
+if TYPE_CHECKING:
+    from .device import Device
+
+index = INDEX
+width = WIDTH
+f32 = SCALAR_TYPES["f32"]
+f64 = SCALAR_TYPES["f64"]
+i32 = SCALAR_TYPES["i32"]
+u32 = SCALAR_TYPES["u32"]
+i64 = SCALAR_TYPES["i64"]
+
+_BLOCK = {1: (256,), 2: (16, 16)}  # threads per block (workgroup) when launch() chooses
+_WGSL_MAX_GROUPS = 65535  # WebGPU's guaranteed workgroups per grid dimension; 1-D grids spill into y
+_LANGUAGES = {"cuda": "cuda", "rocm": "cuda", "opencl": "opencl", "wgsl": "wgsl", "numpy": "python", "python": "python"}
+
+
+class PythonKernel:
+    """A Python function compiled for whichever device its buffers live on: ``k.launch(shape, *args)``.
+
+    Compiles lazily, once per device (and per workgroup size on WebGPU), through ``Device.compile``; launches appear
+    in traces under the function's name."""
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+        self.ir: KernelIR = translate(fn, name)
+        functools.update_wrapper(self, fn)  # __name__, __doc__, __wrapped__ as the function's
+        self.name = self.ir.name
+        self._numpy, vectorised, reason = numpy_source(self.ir)
+        self.cpu_strategy = "vectorised" if vectorised else "loop"
+        self.cpu_strategy_reason = reason  # why the CPU backend loops over the index ("" when vectorised)
+        self._cache: dict[tuple[int, tuple[int, ...] | None], Kernel] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ source and compilation
+    def source(self, language: str = "cuda", block: Sequence[int] | int | None = None) -> str:
+        """The generated source: "cuda" (ROCm's HIP too), "opencl", "wgsl" (for workgroup size ``block``) or "numpy".
+
+        Pure text generation: compiles nothing and needs no device."""
+        lang = _LANGUAGES.get(language)
+        if lang is None:
+            raise InvalidArgument(f"source language {language!r} is not one of {', '.join(_LANGUAGES)}")
+        if lang == "python":
+            return self._numpy
+        if lang == "wgsl":
+            return wgsl_source(self.ir, self._block(block))
+        return c_source(self.ir, lang)
+
+    def compile(self, device: Device, block: Sequence[int] | int | None = None) -> Kernel:
+        """The kernel built for ``device`` (cached; on WebGPU one per workgroup size). Blocks while compiling."""
+        language = device.caps.kernel_language
+        key = (id(device), self._block(block) if language == "wgsl" else None)
+        with self._lock:
+            kernel = self._cache.get(key)
+            if kernel is not None and kernel.device is device and not device.closed:
+                return kernel
+            if language == "python":
+                src = self._numpy
+            elif language == "wgsl":
+                src = wgsl_source(self.ir, key[1] or _BLOCK[self.ir.ndim])
+            elif language in ("cuda", "opencl"):
+                src = c_source(self.ir, language)
+            else:
+                raise InvalidArgument(f"@gw.kernel has no code generator for {language!r} kernels")
+            try:
+                kernel = device.compile(src, self.ir.cname)
+            except CompileError as exc:  # our generator wrote code the compiler refuses: our bug, shown with the code
+                raise CompileError(self.name, f"generated code failed to compile: {exc.log}", exc.source) from None
+            self._cache[key] = kernel
+            return kernel
+
+    def _block(self, block: Sequence[int] | int | None) -> tuple[int, ...]:
+        if block is None:
+            return _BLOCK[self.ir.ndim]
+        dims = _dims(block, "block")
+        if len(dims) != self.ir.ndim:
+            raise InvalidArgument(
+                f"{self.name} is a {self.ir.ndim}-D kernel; block {block!r} must have "
+                f"{self.ir.ndim} dimension{'s' if self.ir.ndim > 1 else ''}"
+            )
+        return dims
+
+    # ------------------------------------------------------------------ launching
+    def launch(
+        self,
+        shape: int | Sequence[int],
+        *args: Any,
+        stream: Stream | None = None,
+        block: Sequence[int] | int | None = None,
+    ) -> Event:
+        """Run the body once per index of ``shape`` (``n``, or NumPy's ``(rows, cols)`` for 2-D) on ``stream``.
+
+        Grid and block are chosen for the device. Non-blocking; returns an Event."""
+        dims = _shape(shape, self.ir.ndim, self.name)
+        nx, ny = (dims[0], 1) if self.ir.ndim == 1 else (dims[1], dims[0])
+        device, stream, values = self._prepare(args, stream, nx, ny)
+        if nx * ny == 0:
+            return stream.record()
+        language = device.caps.kernel_language
+        threads = self._block(block)
+        if language == "python":
+            grid: tuple[int, ...] = (1,) * self.ir.ndim
+        elif self.ir.ndim == 1:
+            groups = -(-nx // threads[0])
+            grid = (groups,)
+            if language == "wgsl" and groups > _WGSL_MAX_GROUPS:
+                grid = (_WGSL_MAX_GROUPS, -(-groups // _WGSL_MAX_GROUPS))
+        else:
+            grid = (-(-nx // threads[0]), -(-ny // threads[1]))
+        return self._run(device, stream, grid, threads, values, nx, ny)
+
+    def __call__(
+        self, grid: Sequence[int] | int, block: Sequence[int] | int, args: Sequence[Any], stream: Stream | None = None
+    ) -> Event:
+        """Run with an explicit ``grid`` of ``block``-sized blocks (x first): the index runs over grid × block.
+
+        On WebGPU ``block`` is the workgroup size (built once per size). Non-blocking; returns an Event."""
+        if not isinstance(args, (tuple, list)):
+            raise InvalidArgument(f"{self.name}: args must be a tuple or list")
+        grid_t, block_t = _dims(grid, "grid"), self._block(block)
+        if len(grid_t) != self.ir.ndim:
+            raise InvalidArgument(
+                f"{self.name} is a {self.ir.ndim}-D kernel; grid {grid!r} must have "
+                f"{self.ir.ndim} dimension{'s' if self.ir.ndim > 1 else ''}"
+            )
+        nx = grid_t[0] * block_t[0]
+        ny = grid_t[1] * block_t[1] if self.ir.ndim == 2 else 1
+        device, stream, values = self._prepare(args, stream, nx, ny)
+        return self._run(device, stream, grid_t, block_t, values, nx, ny)
+
+    def _run(
+        self,
+        device: Device,
+        stream: Stream,
+        grid: tuple[int, ...],
+        block: tuple[int, ...],
+        values: list[Any],
+        nx: int,
+        ny: int,
+    ) -> Event:
+        kernel = self.compile(device, block)
+        extents = [np.int32(nx), np.int32(ny)][: self.ir.ndim]
+        return kernel(grid, block, [*values, *extents], stream=stream, name=self.name)
+
+    def _prepare(
+        self, args: Sequence[Any], stream: Stream | None, nx: int, ny: int
+    ) -> tuple[Device, Stream, list[Any]]:
+        """Check the arguments against the signature; the device, the stream and the values to pass."""
+        params = self.ir.arguments
+        if len(args) != len(params):
+            raise InvalidArgument(f"{self.name} takes {len(params)} arguments ({self._signature()}), got {len(args)}")
+        if max(nx, ny) >= 2**31:
+            raise InvalidArgument(f"{self.name}: {nx} × {ny} indices; each extent must be below 2**31")
+        values: list[Any] = []
+        device = None
+        for p, a in zip(params, args):
+            if p.kind == "array":
+                if not isinstance(a, Buffer):
+                    raise InvalidArgument(
+                        f"{self.name}: argument {p.name!r} is an array ({p.annotation!r}); pass a Buffer, "
+                        f"not {type(a).__name__}"
+                    )
+                if a.dtype != np.dtype(p.annotation.element.dtype):
+                    raise InvalidArgument(f"{self.name}: {p.name!r} is {p.annotation!r}, the buffer holds {a.dtype}")
+                if device is None:
+                    device = a.device
+                elif a.device is not device:
+                    raise InvalidArgument(
+                        f"{self.name}: buffers are on different devices ({device.spec}, {a.device.spec} for {p.name!r})"
+                    )
+                if p.ndim == 2 and p.width is None and len(a) < nx * ny:
+                    raise InvalidArgument(
+                        f"{self.name}: {p.name!r} has the launch shape {ny} × {nx} but holds {len(a)} elements"
+                    )
+                values.append(a)
+            else:
+                values.append(_scalar(a, p, self.name))
+        if device is None:
+            if not isinstance(stream, Stream):
+                raise InvalidArgument(f"{self.name} has no buffer arguments: pass stream= to say which device runs it")
+            device = stream.device
+        stream = device.default_stream if stream is None else stream
+        return device, stream, values
+
+    def _signature(self) -> str:
+        return ", ".join(f"{p.name}: {p.annotation!r}" for p in self.ir.arguments)
+
+    def __repr__(self) -> str:
+        return f"<gw.kernel {self.name}({self._signature()}) at {self.ir.where}, CPU: {self.cpu_strategy}>"
+
+
+def _shape(shape: Any, ndim: int, name: str) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if len(dims) != ndim or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
+        spell = "n" if ndim == 1 else "(rows, cols)"
+        raise InvalidArgument(
+            f"{name} is a {ndim}-D kernel: launch it with a shape {spell} of non-negative ints, not {shape!r}"
+        )
+    return tuple(int(d) for d in dims)
+
+
+def _scalar(value: Any, p: Param, name: str) -> Any:
+    """``value`` as the parameter's NumPy type; refuses what would change it (2.5 for an i32, 2**40 for a u32)."""
+    dtype = np.dtype(p.annotation.dtype)
+    if isinstance(value, Buffer) or not isinstance(value, (int, float, np.number, np.bool_)):
+        raise InvalidArgument(
+            f"{name}: argument {p.name!r} is a scalar {p.annotation!r}; pass a number, not {type(value).__name__}"
+        )
+    if dtype.kind in "iu":
+        if float(value) != int(value):
+            raise InvalidArgument(f"{name}: argument {p.name!r} is {p.annotation!r}; {value!r} is not a whole number")
+        info = np.iinfo(dtype)
+        if not info.min <= int(value) <= info.max:
+            raise InvalidArgument(f"{name}: argument {p.name!r} is {p.annotation!r}; {value!r} does not fit")
+        return dtype.type(int(value))
+    return dtype.type(value)
+
+
+def kernel(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+    """Decorate a typed Python function to run it on every backend: ``@gw.kernel`` or ``@gw.kernel(name="k")``.
+
+    Translates (and checks) the function now; compiles per device on first launch."""
+    if fn is None:
+        return lambda f: PythonKernel(f, name)
+    return PythonKernel(fn, name)
+
+
+__all__ = [
+    "ArrayType",
+    "IndexType",
+    "PythonKernel",
+    "ScalarType",
+    "f32",
+    "f64",
+    "i32",
+    "i64",
+    "index",
+    "kernel",
+    "u32",
+    "width",
+]

@@ -1,0 +1,208 @@
+"""End to end: the GPU Workbench panel in a real JupyterLab, driven by headless Chromium through Playwright.
+
+Starts ``jupyter-lab`` on a free port with a token and a temporary notebook folder, with the freshly built extension
+(``extension/labextension``) first on its labextensions path; opens a notebook, loads gpuworkbench in the kernel, runs
+a ``%%gpu`` cell on the CPU backend, then checks the panel's device and trace and that clicking the trace opens the
+timeline tab. Skips, saying why, without Chromium, Playwright, jupyter-lab or a built extension.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+EXTENSION = ROOT / "extension" / "labextension"
+CHROMIUM = os.environ.get("GPUWB_CHROMIUM", "/usr/bin/chromium")
+#: The flags that make the system Chromium work headless in a container without reaching the network.
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TRACED_CELL = """\
+%%gpu
+import numpy as np
+import gpuworkbench as gw
+dev = gw.Device("cpu")
+x, y = dev.alloc(1 << 16), dev.alloc(1 << 16)
+host = np.ones(1 << 16, np.float32)
+x.copy_from_host(host)
+gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")(x, y).wait()
+out = y.copy_to_host()"""
+TIMEOUT_MS = 90_000
+#: A folder to save screenshots of the panel and the timeline in (to look at them), e.g. GPUWB_E2E_SHOTS=/tmp/shots.
+SHOTS = os.environ.get("GPUWB_E2E_SHOTS")
+
+
+def _jupyter_lab() -> str | None:
+    """The jupyter-lab next to this Python (the venv's), else the one on PATH."""
+    beside = Path(sys.executable).with_name("jupyter-lab")
+    return str(beside) if beside.exists() else shutil.which("jupyter-lab")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _notebook(*sources: str) -> dict:
+    cells = [
+        {"cell_type": "code", "execution_count": None, "id": f"cell{i}", "metadata": {}, "outputs": [], "source": s}
+        for i, s in enumerate(sources)
+    ]
+    kernelspec = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    return {"cells": cells, "metadata": {"kernelspec": kernelspec}, "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A running JupyterLab (base URL, token) serving a notebook folder with ``gpu.ipynb``; stopped afterwards."""
+    lab_exe = _jupyter_lab()
+    if lab_exe is None:
+        pytest.skip("jupyter-lab is not installed (pip install jupyterlab, or ./run test)")
+    if not (EXTENSION / "package.json").exists():
+        pytest.skip("the extension is not built: run `npm install && npm run build` in extension/ (./run test does)")
+    base = tmp_path_factory.mktemp("lab")
+    notebooks, data, config, runtime = (base / d for d in ("notebooks", "data", "config", "runtime"))
+    for folder in (notebooks, data / "labextensions", config / "labconfig", runtime):
+        folder.mkdir(parents=True)
+    (data / "labextensions" / "gpuworkbench").symlink_to(EXTENSION, target_is_directory=True)
+    # The news prompt is a toast that may cover the panel: switch it off.
+    (config / "labconfig" / "page_config.json").write_text(
+        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
+    )
+    (notebooks / "gpu.ipynb").write_text(json.dumps(_notebook("%load_ext gpuworkbench", TRACED_CELL)))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(
+        os.environ,
+        JUPYTER_PATH=str(data),  # first on the path: this build wins over an installed copy
+        JUPYTER_CONFIG_DIR=str(config),
+        JUPYTER_RUNTIME_DIR=str(runtime),
+        XDG_RUNTIME_DIR=str(runtime),
+        BOKEH_RESOURCES="inline",
+        GPUWB_DEVICE="cpu",
+    )
+    command = [
+        lab_exe,
+        "--allow-root",
+        "--ServerApp.open_browser=False",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={notebooks}",
+        "--LabApp.expose_app_in_browser=True",
+    ]
+    log = (base / "lab.log").open("wb")
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=notebooks)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                pytest.fail(f"jupyter-lab did not start:\n{(base / 'lab.log').read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield url, token
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def page(lab: tuple[str, str]) -> Iterator:
+    """A Playwright page in the system Chromium, with the extension's console warnings collected on ``page.notes``."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (./run test does)")
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; ./run test does as root)")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1500, "height": 950})
+            page = context.new_page()
+            page.notes = []
+            page.on(
+                "console",
+                lambda m: (
+                    page.notes.append(m.text) if "gpuworkbench" in m.text and m.type in ("warning", "error") else None
+                ),
+            )
+            page.on("pageerror", lambda e: page.notes.append(f"page error: {e}"))
+            yield page
+        finally:
+            browser.close()
+
+
+def test_panel_shows_device_and_trace_and_opens_timeline(lab: tuple[str, str], page) -> None:
+    from playwright.sync_api import expect
+
+    url, token = lab
+    page.goto(f"{url}/lab/tree/gpu.ipynb?token={token}")
+    expect(page.locator(".jp-NotebookPanel")).to_be_visible(timeout=TIMEOUT_MS)
+
+    page.locator('.lm-TabBar-tab[data-id="gpuworkbench-panel"]').click()
+    panel = page.locator("#gpuworkbench-panel")
+    expect(panel).to_be_visible()
+    # Before %load_ext the panel says how to load gpuworkbench (once the kernel is up and answered).
+    expect(panel.locator(".jp-gpuwb-notice")).to_contain_text("not loaded in this kernel", timeout=TIMEOUT_MS)
+    expect(panel.locator(".jp-gpuwb-code")).to_have_text("%load_ext gpuworkbench")
+
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+    device = panel.locator('.jp-gpuwb-device[data-device-id="cpu:0"]')
+    expect(device).to_be_visible(timeout=TIMEOUT_MS)
+    expect(device.locator(".jp-gpuwb-memory")).to_contain_text("used of", timeout=TIMEOUT_MS)  # opened: live memory
+    traces = panel.locator(".jp-gpuwb-trace[data-trace-id]")
+    expect(traces).to_have_count(1, timeout=TIMEOUT_MS)
+    # The cell's execution count, as %%gpu recorded it.
+    expect(traces.first.locator(".jp-gpuwb-trace-cell")).to_have_text(re.compile(r"^\[\d+\]$"))
+
+    traces.first.click()
+    tab = page.locator(".jp-gpuwb-TimelineTab")
+    expect(tab).to_be_visible(timeout=TIMEOUT_MS)
+    # Bokeh draws inside shadow DOM in the sandboxed iframe: Playwright's locators pierce both.
+    canvas = page.frame_locator(".jp-gpuwb-TimelineTab iframe").locator(".bk-Canvas").first
+    expect(canvas).to_be_attached(timeout=TIMEOUT_MS)
+    expect(
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=re.compile(r"Timeline: cell \[\d+\]"))
+    ).to_be_visible()
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        page.wait_for_timeout(1500)  # let Bokeh finish drawing
+        page.screenshot(path=str(Path(SHOTS) / "light.png"))
+        page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+        page.wait_for_timeout(5000)
+        page.screenshot(path=str(Path(SHOTS) / "dark.png"))
+    assert page.notes == [], f"the extension warned in the browser console: {page.notes}"
