@@ -42,7 +42,6 @@ C_TYPES = {
     for lang in ("cuda", "opencl")
 }
 WGSL_TYPES = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "bool", "isize": "i32"}
-SIGNED = ("i32", "i64", "isize")
 
 
 def _float_text(value: float) -> str:
@@ -209,27 +208,37 @@ class _CSource:
         return out
 
     def loop(self, s: For, depth: int) -> list[str]:
-        pad, ct, k = "    " * depth, self.types[s.var.type], s.var.name
-        out, bounds = [], []
-        for e in (s.stop, s.step):  # range() evaluates its arguments once
+        """``for k in range(start, stop, step)``; stop and step are evaluated once, as range() does."""
+        pad, k = "    " * depth, s.var.name
+        temps, bounds = [], []
+        for e, what in ((s.stop, "stop"), (s.step, "step")):
             if _simple(e):
                 bounds.append(self.atom(e))
             else:
-                name = f"gw_{'stop' if e is s.stop else 'step'}{self.temps}"
+                name = f"gw_{what}{self.temps}"
                 self.temps += 1
-                out.append(f"{pad}const {ct} {name} = {_bare(self.e(e))};")
+                temps.append(self.constant_decl(name, s.var.type, _bare(self.e(e))))
                 bounds.append(name)
         stop, step = bounds
         if isinstance(s.step, Const):
             cond = f"{k} {'<' if s.step.value > 0 else '>'} {stop}"
         else:
-            cond = f"({step} > 0 ? {k} < {stop} : {k} > {stop})"
-        head = f"for ({ct} {k} = {_bare(self.e(s.start))}; {cond}; {k} += {step}) {{"
-        body = self.block(s.body, depth + 2 if out else depth + 1)
-        if out:  # keep the bound constants local to the loop
-            inner = "    " * (depth + 1)
-            return [f"{pad}{{", *(inner + line.lstrip() for line in out), inner + head, *body, inner + "}", f"{pad}}}"]
-        return [pad + head, *body, f"{pad}}}"]
+            cond = self.either(f"{step} > {self.const(0, s.var.type)}", f"{k} < {stop}", f"{k} > {stop}")
+        head = f"for ({self.loop_decl(k, s.var.type)} = {_bare(self.e(s.start))}; {cond}; {k} += {step}) {{"
+        if not temps:
+            return [pad + head, *self.block(s.body, depth + 1), f"{pad}}}"]
+        inner = "    " * (depth + 1)  # a block keeps the evaluated bounds local to the loop
+        body = self.block(s.body, depth + 2)
+        return [f"{pad}{{", *(inner + t for t in temps), inner + head, *body, inner + "}", f"{pad}}}"]
+
+    def constant_decl(self, name: str, t: str, value: str) -> str:
+        return f"const {self.types[t]} {name} = {value};"
+
+    def loop_decl(self, name: str, t: str) -> str:
+        return f"{self.types[t]} {name}"
+
+    def either(self, cond: str, a: str, b: str) -> str:
+        return f"({cond} ? {a} : {b})"
 
     # ------------------------------------------------------------------ the kernel
     def source(self) -> str:
@@ -303,10 +312,10 @@ class _WgslSource(_CSource):
     def helper_source(self, kind: str, t: str, name: str) -> str:
         wt = self.types[t]
         zero = self.const(0.0 if t in FLOATS else 0, t)
-        signs = f"((a < {zero}) != (b < {zero}))"
+        signs_differ = f"(({'a' if kind == 'floordiv' else 'r'} < {zero}) != (b < {zero}))"
         body = {
-            "floordiv": f"let q = a / b; if (q * b != a && {signs}) {{ return q - 1; }} return q;",
-            "mod": f"let r = a % b; if (r != {zero} && {signs.replace('a <', 'r <')}) {{ return r + b; }} return r;",
+            "floordiv": f"let q = a / b; if (q * b != a && {signs_differ}) {{ return q - 1; }} return q;",
+            "mod": f"let r = a % b; if (r != {zero} && {signs_differ}) {{ return r + b; }} return r;",
         }[kind]
         return f"fn {name}(a: {wt}, b: {wt}) -> {wt} {{ {body} }}"
 
@@ -328,28 +337,14 @@ class _WgslSource(_CSource):
             return f"{self.types[x.type]}({_bare(self.e(x.operand))})"
         return super().e(x)
 
-    def loop(self, s: For, depth: int) -> list[str]:
-        pad, wt, k = "    " * depth, self.types[s.var.type], s.var.name
-        out, bounds = [], []
-        for e in (s.stop, s.step):
-            if _simple(e):
-                bounds.append(self.atom(e))
-            else:
-                name = f"gw_{'stop' if e is s.stop else 'step'}{self.temps}"
-                self.temps += 1
-                out.append(f"let {name} = {_bare(self.e(e))};")
-                bounds.append(name)
-        stop, step = bounds
-        if isinstance(s.step, Const):
-            cond = f"{k} {'<' if s.step.value > 0 else '>'} {stop}"
-        else:
-            cond = f"select({k} > {stop}, {k} < {stop}, {step} > {self.const(0, s.var.type)})"
-        head = f"for (var {k}: {wt} = {_bare(self.e(s.start))}; {cond}; {k} += {step}) {{"
-        body = self.block(s.body, depth + 2 if out else depth + 1)
-        if out:
-            inner = "    " * (depth + 1)
-            return [f"{pad}{{", *(inner + line for line in out), inner + head, *body, inner + "}", f"{pad}}}"]
-        return [pad + head, *body, f"{pad}}}"]
+    def constant_decl(self, name: str, t: str, value: str) -> str:
+        return f"let {name} = {value};"
+
+    def loop_decl(self, name: str, t: str) -> str:
+        return f"var {name}: {self.types[t]}"
+
+    def either(self, cond: str, a: str, b: str) -> str:
+        return f"select({b}, {a}, {cond})"
 
     def source(self) -> str:
         ir = self.ir

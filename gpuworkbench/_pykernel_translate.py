@@ -298,23 +298,41 @@ def _known_functions() -> dict[int, str]:
 _KNOWN = _known_functions()
 _MISSING = object()
 
-# Names generated code cannot use as they are: keywords and builtins of C, OpenCL C, CUDA and WGSL, and NumPy's own.
-RESERVED = set(
-    """auto break case char const continue default do double else enum extern float for goto if inline int long
-    register restrict return short signed sizeof static struct switch typedef union unsigned void volatile while
-    bool true false half kernel global local constant private read_only write_only read_write uchar ushort uint
-    ulong size_t ptrdiff_t intptr_t uintptr_t image1d_t image2d_t image3d_t sampler_t event_t new delete this
-    class template namespace operator public protected typename using virtual friend mutable explicit export asm
-    catch try throw blockIdx threadIdx blockDim gridDim warpSize dim3 alias const_assert continuing diagnostic
-    discard enable fn let loop override requires var array atomic ptr sampler vec2 vec3 vec4 mat2x2 mat3x3
-    mat4x4 f16 f32 f64 i32 u32 i64 select bitcast arrayLength workgroupBarrier storageBarrier uniform storage
-    workgroup function module mod target filter handle layout self super type where with yield NULL Self
-    abstract active as async await become cast crate debugger final finally impl import macro match meta move
-    mut noexcept null nullptr of package precise precision priv pub ref set shared std trait typeof unless
-    unsafe unsized use np numpy range isinf isnan fma mad clamp mix fmin fmax fabs fmod min max abs floor ceil
-    trunc round sqrt rsqrt exp exp2 log log2 log10 pow sin cos tan asin acos atan atan2 sinh cosh tanh sign step
-    dot cross length distance normalize printf assert main INFINITY NAN""".split()
-)
+# Names generated code cannot use as they are: C, OpenCL C and CUDA words, WGSL's keywords and reserved words (as
+# naga lists them), the math functions we call (CUDA's f-suffixed ones too) and the NumPy source's own names.
+_C_WORDS = """asm auto blockDim blockIdx bool break case catch char class const constant continue default delete dim3 do
+    double else enum event_t explicit export extern false float for friend global goto gridDim half if image1d_t
+    image2d_t image3d_t INFINITY inline int intptr_t kernel local long main mutable namespace NAN new operator
+    printf private protected ptrdiff_t public read_only read_write register restrict return sampler_t short
+    signed size_t sizeof static struct switch template this threadIdx throw true try typedef typename uchar uint
+    uintptr_t ulong union unsigned ushort using virtual void volatile warpSize while write_only"""
+_WGSL_WORDS = """abstract active alias alignas alignof array arrayLength as asm asm_fragment async atomic attribute
+    auto await become binding_array bitcast bool break case cast catch class co_await co_return co_yield coherent
+    column_major common compile compile_fragment CompileShader ComputeShader concept const const_assert
+    const_cast consteval constexpr constinit continue continuing crate debugger decltype default delete demote
+    demote_to_helper diagnostic discard do DomainShader dynamic_cast else enable enum explicit export extends
+    extern external f16 f32 fallthrough false filter final finally fn for friend from function fxgroup
+    GeometryShader get goto groupshared handle highp Hullshader i32 i64 if impl implements import inline inout
+    instanceof interface layout let loop lowp macro macro_rules mat2x2 mat2x3 mat2x4 mat3x2 mat3x3 mat3x4 mat4x2
+    mat4x3 mat4x4 match mediump meta mod module move mut mutable namespace new nil noexcept noinline
+    nointerpolation noperspective NULL null nullptr of operator override package packoffset partition pass patch
+    pixelfragment precise precision premerge priv protected ptr pub public readonly ref regardless register
+    reinterpret_cast requires resource restrict return sampler sampler_comparison select self Self set shared
+    signed sizeof smooth snorm static static_assert static_cast std storage storageBarrier struct subroutine
+    super switch target template texture_1d texture_2d texture_2d_array texture_3d texture_cube
+    texture_cube_array texture_depth_2d texture_depth_2d_array texture_depth_cube texture_depth_cube_array
+    texture_depth_multisampled_2d texture_multisampled_2d texture_storage_1d texture_storage_2d
+    texture_storage_2d_array texture_storage_3d this thread_local throw trait true try type typedef typeid
+    typename typeof u32 u64 uniform union unless unorm unsafe unsized use using var varying vec2 vec3 vec4
+    virtual volatile wgsl where while with workgroup workgroupBarrier writeonly yield"""
+_CALLED = ("fmin", "fmax", "fabs", "fmod", "clamp", "np", "numpy", "range", "isinf", "isnan", "round", "rsqrt")
+RESERVED = {
+    *_C_WORDS.split(),
+    *_WGSL_WORDS.split(),
+    *_CALLED,
+    *FUNCTIONS,
+    *(f + "f" for f in (*FUNCTIONS, *_CALLED[:4])),
+}
 
 
 def safe_name(name: str, taken: set[str]) -> str:

@@ -406,6 +406,11 @@ class Trace:
         with self._lock:
             return self._spans.table(since)
 
+    def delta(self, since: int) -> tuple[dict[str, np.ndarray], int]:
+        """Spans added after the first ``since`` ever appended, and the new cursor (for live views; never waits)."""
+        with self._lock:
+            return self._spans.table(since), self._spans.count
+
     def memory_table(self) -> dict[str, np.ndarray]:
         with self._lock:
             return self._memory.table() if self._memory.count else empty_memory_table()

@@ -226,12 +226,10 @@ class Live(widgets.VBox):
             self._push_times.append(now)
 
     def _stream_new_spans(self) -> bool:
-        new = self.trace.table(since=self._cursor, wait=False)
+        new, self._cursor = self.trace.delta(self._cursor)
         n = len(new["kind"])
         if n == 0:
             return False
-        # Exact unless more than the trace's capacity arrived between two ticks (those rows are gone anyway).
-        self._cursor += n
         if self._t0_ns is None:
             self._t0_ns = int(self.trace.started_ns) or int(new["start_ns"].min())
         self._rows.device_names = device_names(self.trace)
