@@ -327,8 +327,8 @@ class _WgslSource(_CSource):
         if isinstance(x, Binary) and x.op in ("<<", ">>"):
             right = self.atom(x.right) if x.right.type == "u32" else f"u32({_bare(self.e(x.right))})"
             return f"({self.atom(x.left)} {x.op} {right})"
-        if isinstance(x, Select):
-            return f"select({_bare(self.e(x.b))}, {_bare(self.e(x.a))}, {_bare(self.e(x.cond))})"
+        if isinstance(x, Select):  # comparisons keep their parentheses: f(a < b, c > d) would read as a template
+            return f"select({self.e(x.b)}, {self.e(x.a)}, {self.e(x.cond)})"
         if isinstance(x, Call) and x.func == "log10":
             return f"(log({_bare(self.e(x.args[0]))}) * 0.4342944819032518f)"
         if isinstance(x, Cast):
@@ -344,7 +344,7 @@ class _WgslSource(_CSource):
         return f"var {name}: {self.types[t]}"
 
     def either(self, cond: str, a: str, b: str) -> str:
-        return f"select({b}, {a}, {cond})"
+        return f"select(({b}), ({a}), ({cond}))"
 
     def source(self) -> str:
         ir = self.ir

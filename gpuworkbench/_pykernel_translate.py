@@ -1036,6 +1036,7 @@ class _Translator:
         body = self.block(node.body)
         del self.vars[name]
         self.finished_loops.add(name)
+        self.taken.discard(var.name)  # a later loop may use the name again: each loop scopes its own
         return [For(var, start, stop, step, body, self.line_of(node))]
 
     def resolve_range(self, func: ast.expr) -> bool:

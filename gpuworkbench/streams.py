@@ -97,6 +97,9 @@ class Stream:
 
     def _prune(self) -> None:
         q = self._inflight
+        if q and q[-1][0].done():  # in order: the newest done means all are, one query instead of many
+            q.clear()
+            return
         while q and q[0][0].done():
             q.popleft()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -56,20 +57,17 @@ class _EventPool:
     """Reusable CUDA events: creating one costs microseconds, re-recording a pooled one much less."""
 
     def __init__(self, timing: bool) -> None:
-        self._free: list[Any] = []
+        self._free: deque[Any] = deque(maxlen=4096)  # append/pop are atomic: no lock on the launch path
         self._timing = timing
-        self._lock = threading.Lock()
 
     def take(self) -> Any:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return _cupy().cuda.Event(block=False, disable_timing=not self._timing)
+        try:
+            return self._free.pop()
+        except IndexError:
+            return _cupy().cuda.Event(block=False, disable_timing=not self._timing)
 
     def give(self, event: Any) -> None:
-        with self._lock:
-            if len(self._free) < 4096:
-                self._free.append(event)
+        self._free.append(event)
 
 
 class _Epoch:
@@ -339,7 +337,7 @@ class CudaDevice(BackendDevice):
         self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: Any, timed: bool
     ) -> _CudaCompletion:
         self._use()
-        values = tuple(np.uint64(a.handle) if isinstance(a, BufferArg) else a for a in args)
+        values = tuple([np.uint64(a.handle) if type(a) is BufferArg else a for a in args])
         start = self._begin(stream, timed)
         kernel(grid, block, values, stream=stream)
         return self._finish(stream, start)
