@@ -414,44 +414,36 @@ def _np_type(t: str) -> str:
     return "np.bool_" if t == "bool" else f"np.{NUMPY_TYPES[t]}"
 
 
-def _tail(stmts: list, tail: bool) -> list | None:
-    """``stmts`` with every return folded into if/else (possible where nothing follows it); None where one remains."""
+def _tail(stmts: list) -> list:
+    """``stmts`` (which nothing follows) with each return folded into if/else: what follows a return moves into the
+    other branch. Raises _LoopReturn for a return inside a loop, which no branch can express."""
     out: list = []
     for k, s in enumerate(stmts):
         rest = stmts[k + 1 :]
         if isinstance(s, Return):
-            return out if tail else None
-        if isinstance(s, If) and _returns(s):
-            if not tail:
-                return None
-            body, orelse = _tail(s.body + rest, True), _tail(s.orelse + rest, True)
-            if body is None or orelse is None:
-                return None
-            return [*out, If(s.cond, body, orelse, s.line)]
-        if isinstance(s, For) and _returns(s):
-            return None
+            return out
+        if isinstance(s, If) and _first_return([s]):
+            return [*out, If(s.cond, _tail(s.body + rest), _tail(s.orelse + rest), s.line)]
+        if isinstance(s, For) and _first_return(s.body):
+            raise _LoopReturn(_first_return(s.body))
         out.append(s)
     return out
 
 
-def _returns(s: Any) -> bool:
-    if isinstance(s, Return):
-        return True
-    if isinstance(s, If):
-        return any(_returns(x) for x in s.body + s.orelse)
-    if isinstance(s, For):
-        return any(_returns(x) for x in s.body)
-    return False
+class _LoopReturn(Exception):
+    def __init__(self, line: int) -> None:
+        self.line = line
 
 
 def _first_return(stmts: list) -> int:
+    """The line of the first return in ``stmts`` (0 when there is none)."""
     for s in stmts:
         if isinstance(s, Return):
             return s.line
-        for inner in (s.body + s.orelse) if isinstance(s, If) else s.body if isinstance(s, For) else []:
-            line = _first_return([inner])
-            if line:
-                return line
+        inner = s.body + s.orelse if isinstance(s, If) else s.body if isinstance(s, For) else []
+        line = _first_return(inner)
+        if line:
+            return line
     return 0
 
 
@@ -468,14 +460,11 @@ class _NumpySource:
         self.uniform_locals: set[str] = set()
         self.vector = True
         self.reason = ""
-        body = _tail(ir.body, True)
-        if body is None:
-            self.vector, self.reason = (
-                False,
-                f"a return inside a loop or before later statements (line {_first_return(ir.body)})",
-            )
-            body = ir.body
-        self.body = body
+        try:
+            self.body = _tail(ir.body)
+        except _LoopReturn as stuck:
+            self.vector, self.reason = False, f"a return inside a loop (line {stuck.line})"
+            self.body = ir.body
         if self.vector:
             self.find_uniform_locals()
             line = self.varying_loop(self.body)

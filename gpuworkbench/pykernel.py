@@ -7,14 +7,15 @@ One definition, every backend, the same results::
         if i < n:
             y[i] = a * x[i] + y[i]
 
-    saxpy.launch(n, y, x, 2.0, n, stream=s)          # grid and block chosen for the device
-    saxpy(grid, block, (y, x, 2.0, n), stream=s)     # or given, as for any Kernel
+    saxpy.launch(n, y, x, 2.0, n, stream=s)          # n indices; grid and block chosen for the device
+    saxpy(grid, block, (y, x, 2.0, n), stream=s)     # or grid × block indices, as for any Kernel
     print(saxpy.source("cuda"))                      # also "opencl", "wgsl", "numpy"
 
 **Parameters** (each annotated): first the thread index, ``i: gw.index`` (1-D) or ``x: gw.index, y: gw.index`` (2-D,
 x along a row); then arrays ``gw.f32[:]``, 2-D arrays ``gw.f32[:, :]`` (the launch shape) or ``gw.f32[:, gw.width.w]``
 (rows of ``w`` elements, ``w`` an integer parameter), and scalars ``gw.f32``. Element types: f32, f64, i32, u32, i64
-(WebGPU has f32, i32, u32 only). 2-D arrays are indexed ``a[row, col]``, i.e. ``a[y, x]``.
+(WebGPU has f32, i32, u32 only). 2-D arrays are indexed ``a[row, col]``, i.e. ``a[y, x]``; a 2-D launch takes NumPy's
+shape ``(rows, cols)``, so ``k.launch(img.shape, ...)`` runs x over columns and y over rows.
 
 **The body**: arithmetic, comparisons, ``and or not``, ``a if c else b``, ``if/elif/else``, ``for k in range(...)``,
 array reads and writes (``a[i]``, ``a[y, x]``, ``a[i] += v``), locals (typed by their first assignment, or declared as
@@ -23,14 +24,20 @@ and math: sqrt exp exp2 log log2 log10 sin cos tan asin acos atan atan2 sinh cos
 (as ``math.sqrt``, ``np.sqrt`` or plain ``sqrt``), with casts ``int()``, ``float()``, ``gw.f32()`` and friends.
 Python's meaning is kept where C's differs: ``/`` is true division, ``//`` floors, ``%`` takes the divisor's sign.
 Types follow C's arithmetic conversions (i32 op u32 → u32, int op f32 → f32); literals take the other operand's type;
-``float()`` and ``/`` of integers give f32 (f64 when a parameter is f64). Every index runs the body: there are no
-bounds checks on array accesses, and lanes that write the same element race as on a GPU.
+``float()`` and ``/`` of integers give f32 (f64 when a parameter is f64). Array accesses are not bounds-checked, lanes
+that write the same element race as on a GPU, and what C leaves undefined stays so (integer division by zero, a float
+out of an integer's range converted to it): backends differ there.
 
 **Stencils**: ``a.at(dx, dy)`` reads the neighbour at an offset from the thread's own ``(x, y)`` in an array of the
 launch shape, clamped to the edges (the edge value repeats outwards, so any halo width works); ``a.at(dx)`` in 1-D.
 
+**On the CPU** the body runs vectorised over the index (every statement once for all indices; an ``if`` splits them)
+unless a loop's range differs between indices or a return sits inside a loop: then it loops over the indices, slower.
+``k.cpu_strategy`` says which ("vectorised" or "loop") and ``k.cpu_strategy_reason`` why.
+
 Anything else (while, break, try, with, comprehensions, lambdas, calls to other functions, names that are not numbers)
-is refused when the function is decorated, with the file, line and source line.
+is refused when the function is decorated, with the file, line and source line. Annotations written as strings (``from
+__future__ import annotations``) are read in the function's module and closure.
 """
 
 from __future__ import annotations

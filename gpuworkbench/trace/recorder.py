@@ -53,9 +53,8 @@ class _Pending:
     enqueue_ns: int
     completion: Any
     cupti: bool = False
-    done_cycle: int = -1
-    start: int = -1
-    end: int = -1
+    done_cycle: int = -1  # harvest cycle at which the completion was first seen done
+    seen_cycle: int = -1  # harvest cycle at which its first CUPTI record was seen
 
 
 class _Columns:
@@ -82,6 +81,29 @@ class _Columns:
         for c, v in row.items():
             self.cols[c][i] = v
         self.count += 1
+
+    def extend(self, rows: list[tuple]) -> None:
+        """Append many rows (tuples in schema order) at once: one NumPy assignment per column."""
+        m = len(rows)
+        while self.count + m > self.size and self.size < self.capacity:
+            new = min(self.size * 2, self.capacity)
+            for c, arr in self.cols.items():
+                grown = np.zeros(new, dtype=arr.dtype)
+                grown[: self.size] = arr
+                self.cols[c] = grown
+            self.size = new
+        if m > self.size:  # more rows than the ring holds: only the newest survive
+            self.count += m - self.size
+            rows, m = rows[-self.size :], self.size
+        idx = (self.count + np.arange(m)) % self.size
+        for c, values in zip(self.schema, zip(*rows)):
+            column = self.cols[c]
+            if column.dtype == object:
+                column[idx] = np.array(values, dtype=object)
+            else:
+                column[idx] = values
+        self.count += m
+        self.dropped = max(0, self.count - self.size)
 
     def table(self, since: int = 0) -> dict[str, np.ndarray]:
         """Rows ``since`` (a count of appends) to now, in append order; older dropped rows are gone."""
@@ -340,28 +362,37 @@ class Trace:
                     )
         while self._pending:
             self._waiting.append(_Pending(*self._pending.popleft()))
-        added = 0
+        rows: list[tuple] = []
         keep: list[_Pending] = []
+        blocked: set[tuple[int, int]] = set()  # streams with an unfinished op: later ops there are unfinished too
+        records_of = self._cupti_records
         for p in self._waiting:
-            if p.done_cycle < 0:
-                if not p.completion.done():
-                    keep.append(p)
-                    continue
-                p.done_cycle = cycle
             if p.cupti:
-                records = self._cupti_records.get(p.op_id)
-                # Records of a finished op may arrive one flush later; after a few cycles give up and say so.
-                if (records is None or cycle - p.done_cycle < 1) and cycle - p.done_cycle < 50:
-                    keep.append(p)
-                    continue
-                records = self._cupti_records.pop(p.op_id, None)
-                if not records:
+                # CUPTI ops need no query: a record means the op ran. Wait one more flush for the rest of a
+                # multi-record op (a staged copy), and give up, saying so, if none comes while the op is long done.
+                records = records_of.get(p.op_id)
+                if records is None:
+                    if p.done_cycle < 0 and p.completion.done():
+                        p.done_cycle = cycle
+                    if p.done_cycle < 0 or cycle - p.done_cycle < 50:
+                        keep.append(p)
+                        continue
                     self.stats.lost += 1
                     self._warn_once(f"no CUPTI record arrived for some ops (first: {p.name!r}); they are missing")
                     continue
+                if p.seen_cycle < 0:
+                    p.seen_cycle = cycle
+                    keep.append(p)
+                    continue
+                del records_of[p.op_id]
                 start = min(r[0] for r in records)
                 end = max(r[1] for r in records)
             else:
+                key = (p.device, p.stream)
+                if key in blocked or not p.completion.done():
+                    blocked.add(key)
+                    keep.append(p)
+                    continue
                 times = p.completion.times_ns()
                 if times is None:
                     self.stats.lost += 1
@@ -369,11 +400,14 @@ class Trace:
                     continue
                 start, end = times
             offset = self._devices[p.device].offset_ns
+            rows.append(
+                (p.kind, p.device, p.stream, start - offset, end - offset, p.enqueue_ns, p.nbytes, p.name, p.pinned)
+            )
+        if rows:
             with self._lock:
-                self._append_span(
-                    p.device, p.stream, p.kind, start - offset, end - offset, p.enqueue_ns, p.nbytes, p.name, p.pinned
-                )
-            added += 1
+                self._spans.extend(rows)
+                self.version += 1
+        added = len(rows)
         self._waiting = keep
         self.stats.pending = len(keep) + len(self._pending)
         self.stats.dropped = self._spans.dropped
