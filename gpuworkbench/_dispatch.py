@@ -39,13 +39,13 @@ def enqueue(
     enqueue_ns = time.perf_counter_ns()
     device = stream.device
     numbered = [(t, t.device_number(device)) for t in list(traces)]
-    timed = any(not t.uses_cupti(n) for t, n in numbered)
-    ids = [t.op_begin(n) for t, n in numbered]
+    timed = any(not t.uses_cupti(n, kind, nbytes) for t, n in numbered)
+    ids = [t.op_begin(n, kind, nbytes) for t, n in numbered]
     try:
         completion = call(timed)
     except BaseException:
         for (t, n), op_id in zip(numbered, ids):
-            t.op_abort(op_id, n)
+            t.op_abort(op_id, n, kind, nbytes)
         raise
     stream._track(completion, keep)
     for (t, n), op_id in zip(numbered, ids):

@@ -105,6 +105,10 @@ def test_two_traces_see_the_same_ops(device):
     assert [sp.kind for sp in inner.spans] == ["memset"]
     # each trace aligns the device clock itself: the same op, within both alignment errors
     err = inner.devices[0].error_ns + outer.devices[0].error_ns
+    if inner.devices[0].source != outer.devices[0].source:
+        # On CUDA only one trace can hold CUPTI; the other falls back to events, which mark when the stream
+        # reached the op (DESIGN §5: several µs early or late), so the same op differs by that bias too.
+        err += 50_000
     assert abs(inner.spans[0].start_ns - outer.spans[1].start_ns) <= err
     assert inner.spans[0].enqueue_ns == outer.spans[1].enqueue_ns
 

@@ -105,7 +105,13 @@ export class WorkbenchPanel extends Widget {
     }
   }
 
+  /** Rebuild the notice only when what it says changes, so that its button never moves under a click. */
   private _renderNotice(link: KernelLink | null): void {
+    const key = `${this._contextText === ''}:${link === null ? 'none' : link.status}`;
+    if (key === this._noticeKey) {
+      return;
+    }
+    this._noticeKey = key;
     const notice = this._notice;
     notice.replaceChildren();
     notice.hidden = false;
@@ -267,6 +273,7 @@ export class WorkbenchPanel extends Widget {
 
   private _link: KernelLink | null = null;
   private _contextText = '';
+  private _noticeKey = '';
   private _shownTraces: readonly ITrace[] | null = null;
   private _deviceRows = new Map<string, HTMLLIElement>();
   private _context = element('div', 'jp-gpuwb-context');

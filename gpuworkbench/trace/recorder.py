@@ -243,8 +243,9 @@ class Trace:
         self._cupti = source
         return ""
 
-    def uses_cupti(self, device_number: int) -> bool:
-        return self._devices[device_number].source == "cupti"
+    def uses_cupti(self, device_number: int, kind: str = "kernel", nbytes: int = 1) -> bool:
+        """Whether this op's span comes from CUPTI (zero-byte copies and memsets do nothing CUPTI could see)."""
+        return self._cupti_flags[device_number] and (nbytes > 0 or kind == "kernel")
 
     def record_op(
         self, stream: Any, kind: str, nbytes: int, name: str, pinned: int, call: Any, keep: Any = None
@@ -256,7 +257,8 @@ class Trace:
         if number is None:
             number = self.device_number(device)
         op_id = next(self._op_ids)
-        cupti = self._cupti_flags[number]
+        # A zero-byte copy or memset does nothing on the device, so CUPTI sees nothing: time it with events instead.
+        cupti = self._cupti_flags[number] and (nbytes > 0 or kind == "kernel")
         if cupti:
             self._cupti.push_external_id(op_id)
             try:
@@ -272,16 +274,16 @@ class Trace:
         self.stats.ops += 1
         return completion
 
-    def op_begin(self, device_number: int) -> int:
+    def op_begin(self, device_number: int, kind: str = "kernel", nbytes: int = 1) -> int:
         """Reserve an op id; on a CUPTI device it is pushed as the external correlation id of what follows."""
         op_id = next(self._op_ids)
-        if self._cupti is not None and self._devices[device_number].source == "cupti":
+        if self.uses_cupti(device_number, kind, nbytes):
             self._cupti.push_external_id(op_id)
         return op_id
 
-    def op_abort(self, op_id: int, device_number: int) -> None:
+    def op_abort(self, op_id: int, device_number: int, kind: str = "kernel", nbytes: int = 1) -> None:
         """The backend refused the op after ``op_begin``: undo the external-id push, record nothing."""
-        if self._cupti is not None and self._devices[device_number].source == "cupti":
+        if self.uses_cupti(device_number, kind, nbytes):
             self._cupti.pop_external_id()
 
     def op_end(
@@ -297,7 +299,7 @@ class Trace:
         completion: Any,
     ) -> None:
         """Hand over an enqueued op; its span is filled in once the completion reports done."""
-        cupti = self._cupti is not None and self._devices[device_number].source == "cupti"
+        cupti = self.uses_cupti(device_number, kind, nbytes)
         if cupti:
             self._cupti.pop_external_id()
         self._pending.append(
