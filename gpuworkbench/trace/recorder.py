@@ -39,22 +39,11 @@ class DeviceClock:
     note: str = ""  # e.g. why CUPTI was not used and what the fallback's bias is
 
 
-@dataclass
-class _Pending:
-    """An op whose span is not known yet."""
-
-    op_id: int
-    device: int
-    stream: int
-    kind: int
-    nbytes: int
-    name: str
-    pinned: int
-    enqueue_ns: int
-    completion: Any
-    cupti: bool = False
-    done_cycle: int = -1  # harvest cycle at which the completion was first seen done
-    seen_cycle: int = -1  # harvest cycle at which its first CUPTI record was seen
+# An op whose span is not known yet is a list (cheap to make on the enqueue path):
+# [op_id, device, stream, kind code, bytes, name, pinned, enqueue_ns, completion, from CUPTI,
+#  harvest cycle its completion was first seen done, harvest cycle its first CUPTI record was seen]
+_DONE, _SEEN = 10, 11
+_COPY_CODES = (KIND_CODE["h2d"], KIND_CODE["d2h"])  # may arrive as several CUPTI records (staged copies)
 
 
 class _Columns:
@@ -138,8 +127,8 @@ class Trace:
         self.capacity, self.interval_s, self.source = capacity, interval_s, source
         self._spans = _Columns(COLUMNS, capacity)
         self._memory = _Columns(MEMORY_COLUMNS, capacity)
-        self._pending: deque[tuple] = deque()  # _Pending fields as tuples: cheap on the enqueue path
-        self._waiting: list[_Pending] = []
+        self._pending: deque[list] = deque()  # pending ops (see the layout above _DONE)
+        self._waiting: list[list] = []
         self._lock = threading.Lock()
         self._devices: dict[int, DeviceClock] = {}  # trace device number -> clock
         self._device_numbers: dict[int, int] = {}  # id(Device state) -> trace device number
@@ -269,7 +258,7 @@ class Trace:
             completion = call(True)
         stream._track(completion, keep)
         self._pending.append(
-            (op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, cupti)
+            [op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, cupti, -1, -1]
         )
         self.stats.ops += 1
         return completion
@@ -303,7 +292,7 @@ class Trace:
         if cupti:
             self._cupti.pop_external_id()
         self._pending.append(
-            (op_id, device_number, stream, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, cupti)
+            [op_id, device_number, stream, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, cupti, -1, -1]
         )
         self.stats.ops += 1
 
@@ -362,49 +351,52 @@ class Trace:
                     self._cupti_records.setdefault(ext, []).append(
                         (rec["start_ns"], rec["end_ns"], rec.get("bytes", 0), rec.get("pinned", -1))
                     )
+        waiting = self._waiting
         while self._pending:
-            self._waiting.append(_Pending(*self._pending.popleft()))
+            waiting.append(self._pending.popleft())
         rows: list[tuple] = []
-        keep: list[_Pending] = []
+        keep: list[list] = []
         blocked: set[tuple[int, int]] = set()  # streams with an unfinished op: later ops there are unfinished too
         records_of = self._cupti_records
-        for p in self._waiting:
-            if p.cupti:
-                # CUPTI ops need no query: a record means the op ran. Wait one more flush for the rest of a
-                # multi-record op (a staged copy), and give up, saying so, if none comes while the op is long done.
-                records = records_of.get(p.op_id)
+        offsets = {n: c.offset_ns for n, c in self._devices.items()}
+        for p in waiting:
+            op_id, dev, stream, kind, nbytes, name, pinned, enq, completion, cupti, done_cycle, seen_cycle = p
+            if cupti:
+                # CUPTI ops need no query: a record means the op ran. A copy may be several records (a staged
+                # copy): wait one more flush for the rest. With no record long after the op is done, say so.
+                records = records_of.get(op_id)
                 if records is None:
-                    if p.done_cycle < 0 and p.completion.done():
-                        p.done_cycle = cycle
-                    if p.done_cycle < 0 or cycle - p.done_cycle < 50:
+                    if done_cycle < 0 and completion.done():
+                        p[_DONE] = done_cycle = cycle
+                    if done_cycle < 0 or cycle - done_cycle < 50:
                         keep.append(p)
                         continue
                     self.stats.lost += 1
-                    self._warn_once(f"no CUPTI record arrived for some ops (first: {p.name!r}); they are missing")
+                    self._warn_once(f"no CUPTI record arrived for some ops (first: {name!r}); they are missing")
                     continue
-                if p.seen_cycle < 0:
-                    p.seen_cycle = cycle
+                if kind in _COPY_CODES and seen_cycle < 0:
+                    p[_SEEN] = cycle
                     keep.append(p)
                     continue
-                del records_of[p.op_id]
-                start = min(r[0] for r in records)
-                end = max(r[1] for r in records)
+                del records_of[op_id]
+                if len(records) == 1:
+                    start, end = records[0][0], records[0][1]
+                else:
+                    start, end = min(r[0] for r in records), max(r[1] for r in records)
             else:
-                key = (p.device, p.stream)
-                if key in blocked or not p.completion.done():
+                key = (dev, stream)
+                if key in blocked or not completion.done():
                     blocked.add(key)
                     keep.append(p)
                     continue
-                times = p.completion.times_ns()
+                times = completion.times_ns()
                 if times is None:
                     self.stats.lost += 1
-                    self._warn_once(f"an op finished without timestamps ({p.name!r}); it is missing")
+                    self._warn_once(f"an op finished without timestamps ({name!r}); it is missing")
                     continue
                 start, end = times
-            offset = self._devices[p.device].offset_ns
-            rows.append(
-                (p.kind, p.device, p.stream, start - offset, end - offset, p.enqueue_ns, p.nbytes, p.name, p.pinned)
-            )
+            off = offsets[dev]
+            rows.append((kind, dev, stream, start - off, end - off, enq, nbytes, name, pinned))
         if rows:
             with self._lock:
                 self._spans.extend(rows)
