@@ -11,10 +11,19 @@ from typing import Any
 from . import ops
 from .buffer import Buffer
 from .device import BackendKind, Device, backend_status, devices
-from .errors import BackendUnavailable, BufferClosed, CompileError, GpuError, InvalidArgument, OutOfMemory
+from .errors import (
+    BackendUnavailable,
+    BufferClosed,
+    CompileError,
+    DeviceTimeout,
+    GpuError,
+    InvalidArgument,
+    OutOfMemory,
+)
 from .graphs import Graph
 from .kernels import ElementwiseKernel, Kernel, elementwise
 from .ops import LeastPending, OnStream, Op, Policy, RoundRobin
+from .persistent import PersistentKernel
 from .pipeline import Pipeline, PipelineRun
 from .pykernel import f32, f64, i32, i64, index, kernel, u32, width
 from .streams import Event, Stream, StreamAssignment, StreamPool, StreamSet
@@ -54,6 +63,7 @@ __all__ = [
     "BufferClosed",
     "CompileError",
     "Device",
+    "DeviceTimeout",
     "ElementwiseKernel",
     "Event",
     "GpuError",
@@ -64,6 +74,7 @@ __all__ = [
     "OnStream",
     "Op",
     "OutOfMemory",
+    "PersistentKernel",
     "Pipeline",
     "PipelineRun",
     "Policy",

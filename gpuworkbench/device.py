@@ -19,6 +19,7 @@ from .streams import Stream, StreamAssignment, StreamPool, StreamSet
 if TYPE_CHECKING:
     from .buffer import Buffer
     from .kernels import Kernel
+    from .persistent import PersistentKernel
 
 
 class BackendKind(str, Enum):
@@ -210,12 +211,21 @@ class Device:
         raw = self._backend.compile(source, name, tuple(options))
         return Kernel(self, raw, name, source)
 
+    def persistent(self, capacity: int = 256, threads: int = 256, label: str = "persistent") -> PersistentKernel:
+        """Launch a kernel that loops on its own stream taking commands from a ring (CUDA, ROCm; a thread on the
+        CPU backend) until ``stop()``. Blocks while compiling it (the first time) and launching it."""
+        from .persistent import PersistentKernel
+
+        return PersistentKernel(self, capacity, threads, label)
+
     # ------------------------------------------------------------------ sync and lifetime
     def synchronize(self) -> None:
-        """Block the host until every stream of this device is empty (raises if an op failed)."""
+        """Block the host until every stream of this device is empty (raises if an op failed); a stream running a
+        persistent kernel is skipped, as it is never empty until stopped."""
         self._check_open()
         for s in list(self._streams):
-            s.synchronize()
+            if s._persistent is None:
+                s.synchronize()
 
     def _register_alloc(self, buf: Buffer, nbytes: int, start_ns: int) -> None:
         with self._lock:
@@ -229,9 +239,12 @@ class Device:
         _dispatch.host_event(self, "free", nbytes, f"free {nbytes} B", start_ns)
 
     def close(self) -> None:
-        """Wait for all work, free every live buffer and stream, and release the device."""
+        """Stop its persistent kernels, wait for all work, free every live buffer and stream, release the device."""
         if self.closed:
             return
+        for s in list(self._streams):
+            if s._persistent is not None:
+                s._persistent.stop()
         self.synchronize()
         for buf in self.live_buffers:
             buf.free()

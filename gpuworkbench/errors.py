@@ -19,6 +19,10 @@ class BufferClosed(GpuError):
     """A buffer was used after ``free()`` (or after its device was closed)."""
 
 
+class DeviceTimeout(GpuError, TimeoutError):
+    """The device did not answer within the time a wait was given (a persistent kernel's command, say)."""
+
+
 class OutOfMemory(GpuError, MemoryError):
     """The device (or the CPU backend's budget) cannot hold the requested allocation."""
 

@@ -83,6 +83,7 @@ class Stream:
         self._lock = threading.Lock()
         self.closed = False
         self._capture: Any = None  # the Graph recording this stream's ops instead of running them (graphs.py)
+        self._persistent: Any = None  # the PersistentKernel looping on this stream until stopped (persistent.py)
 
     def _track(self, completion: Any, keep: Any) -> None:
         with self._lock:
@@ -133,6 +134,10 @@ class Stream:
     def synchronize(self) -> None:
         """Block the host until all work on this stream has finished (raises if any of it failed)."""
         self._check_open()
+        if self._persistent is not None:
+            raise InvalidArgument(
+                f"stream {self.label!r} runs a persistent kernel until its stop(); synchronizing it would wait forever"
+            )
         self.device._backend.synchronize_stream(self._raw)
         with self._lock:
             items = list(self._inflight)

@@ -4,10 +4,15 @@ Timed ops are bracketed by two pooled CUDA events and measured against a per-dev
 fallback timing source (CUPTI, used by the trace when present, is exact). Copies from pageable host memory are staged
 through pinned chunks filled by several threads, which is much faster than the driver's own pageable path.
 The ROCm backend (``rocm.py``) reuses this file with CuPy's HIP build.
+
+While a persistent kernel runs (``persistent.py``) nothing here may wait for the whole device, which would then wait
+forever: cudaFree is deferred until the last one stops (or is stream-ordered, for memory allocated meanwhile with
+cudaMallocAsync), and compiling is refused, as loading a new module may synchronize the context (lazy loading).
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections import deque
@@ -44,6 +49,8 @@ _STAGE_MIN = 1 << 20  # pageable copies smaller than this go straight to the dri
 _STAGE_CHUNK = 8 << 20
 _STAGE_SLOTS = 4
 _STAGE_THREADS = 4
+_ATTR_MEMORY_POOLS = 115  # cudaDevAttrMemoryPoolsSupported: cudaMallocAsync works
+_HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped (hipHostMallocMapped): the device reads and writes it directly
 _IN_GRAPH = DoneCompletion()  # what an op enqueued during stream capture returns: it runs only when the graph does
 
 
@@ -135,6 +142,11 @@ class CudaDevice(BackendDevice):
         self._stage_slots: list[tuple[np.ndarray, Any]] | None = None
         self._stage_threads: ThreadPoolExecutor | None = None
         self._capturing: set[int] = set()  # pointers of streams in stream capture: no timing events recorded there
+        self._persistent_lock = threading.Lock()
+        self._persistent = 0  # persistent kernels running now: nothing may wait for the whole device meanwhile
+        self._deferred: list[tuple[str, int]] = []  # ("device" | "host", pointer) freed once none runs
+        self._async_ptrs: set[int] = set()  # allocated with cudaMallocAsync while one ran: freed stream-ordered
+        self._side_stream: Any = None
         self.clock_sample()
 
     def _use(self) -> None:
@@ -152,6 +164,8 @@ class CudaDevice(BackendDevice):
             return 0
         self._use()
         try:
+            if self._persistent:
+                return self._alloc_beside_persistent(nbytes)
             return int(self._rt.malloc(nbytes))
         except self._rt.CUDARuntimeError as exc:
             free, total = self.memory_info()
@@ -160,9 +174,82 @@ class CudaDevice(BackendDevice):
             raise
 
     def free(self, handle: int) -> None:
-        if handle:
-            self._use()
-            self._rt.free(handle)
+        if not handle:
+            return
+        self._use()
+        with self._persistent_lock:
+            if handle in self._async_ptrs:
+                self._async_ptrs.discard(handle)
+                self._rt.freeAsync(handle, self._side().ptr)  # stream-ordered: waits for no other stream
+                return
+            if self._persistent:
+                self._deferred.append(("device", handle))  # cudaFree may wait for every kernel, the endless one too
+                return
+        self._rt.free(handle)
+
+    def _side(self) -> Any:
+        if self._side_stream is None:
+            self._side_stream = _cupy().cuda.Stream(non_blocking=True)
+        return self._side_stream
+
+    def _alloc_beside_persistent(self, nbytes: int) -> int:
+        """cudaMallocAsync on a private stream: the stream-ordered allocator never waits for other streams' kernels."""
+        rt = self._rt
+        pools = not rt.is_hip and rt.deviceGetAttribute(_ATTR_MEMORY_POOLS, self._id)
+        if not pools:
+            raise InvalidArgument(
+                f"cannot allocate on {self.info.backend}:{self._id} while a persistent kernel runs: its allocator may "
+                "wait for every kernel, and that one never ends; allocate before starting it, or stop() it first"
+            )
+        side = self._side()
+        ptr = int(rt.mallocAsync(nbytes, side.ptr))
+        side.synchronize()  # the memory is usable from every stream once this private stream has reached it
+        with self._persistent_lock:
+            self._async_ptrs.add(ptr)
+        return ptr
+
+    # ------------------------------------------------------------------ persistent kernels (persistent.py)
+    def alloc_mapped(self, nbytes: int) -> tuple[np.ndarray, int, int]:
+        """Zeroed page-locked host memory the device reads and writes directly: (host view, host ptr, device ptr)."""
+        self._use()
+        host = int(self._rt.hostAlloc(nbytes, _HOST_ALLOC_MAPPED))
+        try:
+            getter = getattr(self._rt, "hostGetDevicePointer", None)
+            if getter is not None:
+                device = int(getter(host, 0))
+            else:  # unified addressing: the driver reports the device's address of the mapping
+                device = int(self._rt.pointerGetAttributes(host).devicePointer)
+        except Exception:
+            self._rt.freeHost(host)
+            raise
+        view = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(host), dtype=np.uint8)
+        view[:] = 0
+        return view, host, device
+
+    def free_mapped(self, host: int) -> None:
+        """Release memory from ``alloc_mapped``; deferred while any persistent kernel still runs."""
+        with self._persistent_lock:
+            if self._persistent:
+                self._deferred.append(("host", host))
+                return
+        self._use()
+        self._rt.freeHost(host)
+
+    def persistent_started(self) -> None:
+        """A persistent kernel is about to launch: from now on frees are deferred and compiles refused."""
+        with self._persistent_lock:
+            self._persistent += 1
+
+    def persistent_stopped(self) -> None:
+        """A persistent kernel has exited; once none runs, release what was deferred meanwhile."""
+        with self._persistent_lock:
+            self._persistent -= 1
+            if self._persistent:
+                return
+            deferred, self._deferred = self._deferred, []
+        self._use()
+        for kind, ptr in deferred:
+            (self._rt.free if kind == "device" else self._rt.freeHost)(ptr)
 
     def device_pointer(self, handle: int) -> int:
         return int(handle)
@@ -320,6 +407,12 @@ class CudaDevice(BackendDevice):
         cupy = _cupy()
         if not isinstance(source, str):
             raise InvalidArgument(f"the {self.info.backend} backend compiles CUDA C source (a str), not {type(source)}")
+        if self._persistent:
+            raise InvalidArgument(
+                f"cannot compile {name!r} while a persistent kernel runs on {self.info.backend}:{self._id}: loading "
+                "a module may wait for every running kernel (lazy loading), and that one never ends; compile "
+                "before starting it, or stop() it first"
+            )
         self._use()
         try:
             module = cupy.RawModule(code=source, options=tuple(options))
@@ -387,6 +480,8 @@ class CudaDevice(BackendDevice):
     def close(self) -> None:
         if self._stage_threads is not None:
             self._stage_threads.shutdown()
+        if self._side_stream is not None:
+            self._side_stream.synchronize()
 
 
 class CudaBackend(Backend):
