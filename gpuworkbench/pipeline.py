@@ -119,7 +119,8 @@ class Pipeline:
                 s = i % depth
                 if computed[s] is not None:
                     self.upload.wait_event(computed[s])  # the slot's input buffer is free once its compute is done
-                host_in = np.ascontiguousarray(src).reshape(-1)
+                # reshape keeps a pinned array's type (ascontiguousarray would drop it and force staging)
+                host_in = (src if src.flags.c_contiguous else np.ascontiguousarray(src)).reshape(-1)
                 if self._needs_staging(host_in):
                     pin = self._staging("in", s)
                     if h2d[s] is not None:

@@ -21,6 +21,8 @@ resolves from its own per-device poll thread (``queue.on_submitted_work_done`` i
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
 from collections import deque
@@ -47,6 +49,9 @@ _GPU_TYPES = ("DiscreteGPU", "IntegratedGPU")
 
 
 def _wgpu() -> Any:
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        # Mesa's Vulkan loader warns into every cell's output without one; a private directory silences it.
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="gpuworkbench-xdg-")
     import wgpu
 
     return wgpu

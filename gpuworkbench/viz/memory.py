@@ -87,6 +87,8 @@ def memory_figure(
     if fig.renderers:
         fig.legend.location = "top_left"
         fig.legend.label_text_font_size = "8pt"
+    else:  # nothing allocated: say so in the plot too (an empty figure makes Bokeh warn about missing renderers)
+        fig.text(x=[0], y=[0], text=["no allocations or frees were traced"], text_font_size="10pt", name="empty")
     return fig
 
 

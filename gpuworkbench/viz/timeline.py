@@ -142,7 +142,8 @@ class RowLayout:
 
     def height(self, row_px: int) -> int:
         """Figure height in pixels for ``row_px`` per row."""
-        return _AXIS_PX + row_px * max(len(self._label_of) + len(self._state_label_of), 1)
+        # At least the legend's height (up to 11 kinds and states), so a one-row timeline is not squashed.
+        return max(_AXIS_PX + row_px * max(len(self._label_of) + len(self._state_label_of), 1), 230)
 
 
 def span_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) -> dict[str, np.ndarray]:
@@ -286,6 +287,13 @@ def build_timeline(
         name="spans",
     )
     hover.renderers = [bars]
+    # The legend goes beside the rows, not over them: above a few rows it would squash them together.
+    legend = fig.legend[0]
+    legend.label_text_font_size = "8pt"
+    legend.glyph_height = legend.glyph_width = 12
+    legend.spacing = 0
+    fig.legend.location = "top_left"
+    fig.add_layout(legend, "right")
     return fig, span_source, state_source
 
 
