@@ -227,6 +227,10 @@ class Device:
             if s._persistent is None:
                 s.synchronize()
 
+    def _runs_persistent(self) -> bool:
+        """True while a persistent kernel loops on one of this device's streams (persistent.py)."""
+        return any(s._persistent is not None for s in list(self._streams))
+
     def _register_alloc(self, buf: Buffer, nbytes: int, start_ns: int) -> None:
         with self._lock:
             self.held_bytes += nbytes

@@ -15,12 +15,16 @@ On the CPU backend the same ring is served by a Python function running on one s
 the same API and the same results, but a thread, not a kernel, and latencies of a thread that yields the GIL.
 
 Hazards while a persistent kernel runs, and what gpuworkbench does about each (anything that waits for the whole
-device would wait forever):
+device would wait forever). Measured on an H200 by ``benchmarks/persistent_probe.py``: cudaDeviceSynchronize,
+cudaFree, cudaFreeHost, loading a new module and starting a CUPTI trace waited for a looping kernel; cudaMalloc,
+cudaMallocAsync/cudaFreeAsync, cudaHostAlloc, copies, other streams' syncs and memGetInfo did not.
 
 - ``Device.synchronize()`` skips the persistent stream; ``Stream.synchronize()`` on it raises instead of hanging.
 - ``Buffer.free`` (cudaFree may synchronize the device) is deferred until the last persistent kernel on the device
   stops; memory allocated meanwhile comes from ``cudaMallocAsync`` on a private stream and is freed stream-ordered.
 - ``Device.compile`` is refused: loading a module may synchronize the context (CUDA's lazy loading). Compile first.
+- The ring (mapped host memory) is released with cudaFreeHost only once no persistent kernel runs on the device.
+- A trace that first meets the device while one runs takes its spans from CUDA events, not CUPTI (which would wait).
 - A buffer named by a pending command stays alive until its answer; freeing it waits for that answer.
 - Outside gpuworkbench (``cupy.cuda.Device().synchronize()``, ``torch.cuda.synchronize()``, a first call of a
   library's kernel) the same waits happen and cannot be intercepted: stop the kernel first.
@@ -80,6 +84,24 @@ _ATEXIT_REGISTERED = False
 _CUDA_SOURCE = r"""
 typedef long long i64;
 
+template <typename T> __device__ __forceinline__ T gw_load(const T* p) {
+#if defined(__HIP_PLATFORM_AMD__)
+    return *(const volatile T*)p;
+#else
+    return __ldcg(p);  // through L2 only: L1 may hold what this kernel read before the host copied new data in
+#endif
+}
+
+template <typename T, typename A> __device__ void gw_scale(T* p, i64 n, A a) {
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) p[i] = (T)(gw_load(p + i) * a);
+}
+
+template <typename T, typename S> __device__ S gw_sum(const T* p, i64 n) {
+    S s = 0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) s += gw_load(p + i);
+    return s;
+}
+
 extern "C" __global__ void gw_persistent(i64* ring, i64 capacity) {
     volatile i64* header = ring;
     volatile i64* commands = ring + 16;
@@ -95,22 +117,23 @@ extern "C" __global__ void gw_persistent(i64* ring, i64 capacity) {
         if (t == 0) {
             volatile i64* slot = commands + (expected % capacity) * 8;
             i64 ready = 0;
-            while (true) {
+            for (unsigned polls = 1;; ++polls) {
                 if (slot[0] == expected) { ready = 1; break; }
-                if (header[0] != 0) {  // stop: but a command written before the flag is taken first
+                if ((polls & 63) == 0 && header[0] != 0) {  // stop: but a command written before the flag goes first
                     __threadfence_system();
                     ready = slot[0] == expected;
                     break;
                 }
             }
             if (ready) {
-                __threadfence_system();
-                op = slot[1];
-                ptr = (unsigned long long)slot[2];
-                n = slot[3];
-                a = __longlong_as_double(slot[4]);
-                b = __longlong_as_double(slot[5]);
-                dtype = slot[6];
+                __threadfence_system();  // the fields were written before the sequence number: read them after it
+                const i64 f1 = slot[1], f2 = slot[2], f3 = slot[3], f4 = slot[4], f5 = slot[5], f6 = slot[6];
+                op = f1;  // all six reads are in flight together; one PCIe round trip, not six
+                ptr = (unsigned long long)f2;
+                n = f3;
+                a = __longlong_as_double(f4);
+                b = __longlong_as_double(f5);
+                dtype = f6;
             }
             go = ready;
         }
@@ -121,30 +144,21 @@ extern "C" __global__ void gw_persistent(i64* ring, i64 capacity) {
         i64 ivalue = 0;
         if (op == 1) {
             value = a + b;
-        } else if (op == 2 || op == 3) {
+        } else if (op == 2) {
+            if (dtype == 0) gw_scale((float*)ptr, n, (float)a);  // float32 * float32: one rounding, as NumPy
+            else if (dtype == 1) gw_scale((double*)ptr, n, a);
+            else if (dtype == 2) gw_scale((int*)ptr, n, a);  // through double, truncated by the conversion
+            else if (dtype == 3) gw_scale((i64*)ptr, n, a);
+            else status = 2;
+        } else if (op == 3) {
             double dsum = 0.0;
             i64 isum = 0;
-            if (dtype == 0) {
-                volatile float* p = (volatile float*)ptr;
-                const float af = (float)a;
-                for (i64 i = t; i < n; i += blockDim.x) { if (op == 2) p[i] = p[i] * af; else dsum += p[i]; }
-            } else if (dtype == 1) {
-                volatile double* p = (volatile double*)ptr;
-                for (i64 i = t; i < n; i += blockDim.x) { if (op == 2) p[i] = p[i] * a; else dsum += p[i]; }
-            } else if (dtype == 2) {
-                volatile int* p = (volatile int*)ptr;
-                for (i64 i = t; i < n; i += blockDim.x) {
-                    if (op == 2) p[i] = (int)((double)p[i] * a); else isum += p[i];
-                }
-            } else if (dtype == 3) {
-                volatile i64* p = (volatile i64*)ptr;
-                for (i64 i = t; i < n; i += blockDim.x) {
-                    if (op == 2) p[i] = (i64)((double)p[i] * a); else isum += p[i];
-                }
-            } else {
-                status = 2;
-            }
-            if (op == 3 && status == 0) {
+            if (dtype == 0) dsum = gw_sum<float, double>((const float*)ptr, n);
+            else if (dtype == 1) dsum = gw_sum<double, double>((const double*)ptr, n);
+            else if (dtype == 2) isum = gw_sum<int, i64>((const int*)ptr, n);
+            else if (dtype == 3) isum = gw_sum<i64, i64>((const i64*)ptr, n);
+            else status = 2;
+            if (status == 0) {
                 partial[t] = dsum;
                 ipartial[t] = isum;
                 __syncthreads();
@@ -158,21 +172,20 @@ extern "C" __global__ void gw_persistent(i64* ring, i64 capacity) {
         } else {
             status = 1;
         }
-        __syncthreads();  // every thread's stores are done before the answer is published
+        __threadfence();  // this thread's stores (SCALE) reach device memory before the answer is published
+        __syncthreads();
         if (t == 0) {
-            __threadfence_system();
             volatile i64* answer = answers + (expected % capacity) * 8;
             answer[1] = status;
             answer[2] = __double_as_longlong(value);
             answer[3] = ivalue;
-            __threadfence_system();
+            __threadfence_system();  // the fields before the sequence number the host waits for
             answer[0] = expected;
             header[9] = expected;
-            __threadfence_system();
         }
         __syncthreads();  // the shared command fields are reused by the next iteration
     }
-    if (t == 0) { header[8] = 2; __threadfence_system(); }
+    if (t == 0) { __threadfence_system(); header[8] = 2; __threadfence_system(); }
 }
 """
 _KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend device -> compiled gw_persistent

@@ -321,3 +321,15 @@ def test_cuda_hazards_are_refused_or_deferred():
     assert not backend._deferred  # released once no persistent kernel runs
     kept.free()
     assert not backend._async_ptrs and dev.held_bytes == 0
+
+
+@pytest.mark.gpu
+def test_a_trace_started_while_a_persistent_kernel_runs_uses_events():
+    dev = open_device("cuda")
+    with dev.persistent() as pk, _upload(dev, np.ones(256, np.float32)) as buf:
+        with gw.trace() as t:
+            pk.scale(buf, 2.0)
+            assert np.array_equal(buf.copy_to_host(), np.full(256, 2, np.float32))
+        assert t.wait_pending(timeout_s=10)
+        clock = next(iter(t.devices.values()))
+        assert clock.source == "events" and "persistent kernel" in clock.note  # CUPTI would have waited for it

@@ -62,7 +62,10 @@ async function insertCell(panel: NotebookPanel, source: string, where: 'below' |
   if (run) {
     await NotebookActions.run(notebook, panel.sessionContext);
   } else {
+    await cell.ready;
     notebook.mode = 'edit';
+    // Entering edit mode focuses the editor on the next frame, which would put the cursor back at the start.
+    await new Promise<void>(resolve => requestAnimationFrame(() => resolve()));
     cell.editor?.setCursorPosition({ line: 1, column: 0 });
   }
 }

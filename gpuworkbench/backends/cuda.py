@@ -6,8 +6,9 @@ through pinned chunks filled by several threads, which is much faster than the d
 The ROCm backend (``rocm.py``) reuses this file with CuPy's HIP build.
 
 While a persistent kernel runs (``persistent.py``) nothing here may wait for the whole device, which would then wait
-forever: cudaFree is deferred until the last one stops (or is stream-ordered, for memory allocated meanwhile with
-cudaMallocAsync), and compiling is refused, as loading a new module may synchronize the context (lazy loading).
+forever: cudaFree and cudaFreeHost are deferred until the last one stops (memory allocated meanwhile comes from
+cudaMallocAsync and is freed stream-ordered), and compiling is refused, as loading a new module may synchronize the
+context (lazy loading). All three were seen waiting for a looping kernel on an H200 (benchmarks/persistent_probe.py).
 """
 
 from __future__ import annotations
@@ -214,10 +215,9 @@ class CudaDevice(BackendDevice):
         self._use()
         host = int(self._rt.hostAlloc(nbytes, _HOST_ALLOC_MAPPED))
         try:
-            getter = getattr(self._rt, "hostGetDevicePointer", None)
-            if getter is not None:
-                device = int(getter(host, 0))
-            else:  # unified addressing: the driver reports the device's address of the mapping
+            try:
+                device = int(self._rt.hostGetDevicePointer(host, 0))
+            except (AttributeError, TypeError):  # not in this CuPy: the driver reports the mapping's device address
                 device = int(self._rt.pointerGetAttributes(host).devicePointer)
         except Exception:
             self._rt.freeHost(host)

@@ -198,8 +198,14 @@ class Trace:
         caps = device.caps
         clock = DeviceClock(key=device.spec, name=device.name, source=caps.timestamps)
         if caps.timestamps == "events" and self.source in ("auto", "cupti") and device.backend_kind.value == "cuda":
-            reason = self._start_cupti()
-            if self._cupti is not None:
+            # Measured on an H200: with a persistent kernel looping (persistent.py), a CUPTI trace waited for it to end.
+            blocked = device._runs_persistent()
+            reason = (
+                "a persistent kernel runs on this device, and CUPTI would wait for it to end"
+                if blocked
+                else self._start_cupti()
+            )
+            if not blocked and self._cupti is not None:
                 cupti_ns, host_ns, err = self._cupti.clock_sample()
                 clock.source, clock.offset_ns, clock.error_ns = "cupti", cupti_ns - host_ns, err
                 return clock
