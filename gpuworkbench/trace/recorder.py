@@ -451,8 +451,10 @@ class Trace:
 
     @property
     def spans(self) -> list[Span]:
-        """Every span, as Span objects in completion order."""
-        return spans_of(self.table())
+        """Every span, as Span objects in order of start time (``table()`` keeps the order spans arrived in)."""
+        table = self.table()
+        order = np.argsort(table["start_ns"], kind="stable")
+        return spans_of({column: values[order] for column, values in table.items()})
 
     def __iter__(self) -> Iterator[Span]:
         return iter(self.spans)
