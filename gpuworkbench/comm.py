@@ -209,11 +209,18 @@ class PanelServer:
 
     # ------------------------------------------------------------------ comms
     def announce(self) -> Any:
-        """Open a comm to the front end saying the extension is loaded (the panel then asks for the state)."""
+        """Open a comm to the front end saying the extension is loaded, and push to it from now on.
+
+        A panel's requests wait until the running cells end (they travel on the shell channel), so this comm gets
+        pushes without asking: state after each cell, memory while cells run. A front end without the panel closes it.
+        """
         if self._open_comm is None:
             return None
         comm = self._open_comm(target_name=TARGET, data={"v": PROTOCOL_VERSION, "type": "hello", "version": _version()})
         self.attach(comm)
+        with self._lock:
+            self._subscribed.add(id(comm))
+        self._ensure_thread()
         return comm
 
     def on_open(self, comm: Any, message: Mapping[str, Any]) -> None:
@@ -313,29 +320,36 @@ class PanelServer:
         raise LookupError(f"trace {trace_id} is no longer in this kernel's history (it keeps the last {len(history)})")
 
     # ------------------------------------------------------------------ what the panel shows
-    def state(self) -> dict[str, Any]:
-        """Devices, traces and whether the live dashboard runs: everything the panel shows."""
+    def state(self, probe: bool = True) -> dict[str, Any]:
+        """Devices, traces and whether the live dashboard runs: everything the panel shows (``probe``: see devices)."""
         from .magics import history
 
         return {
             "type": "state",
             "version": _version(),
-            "devices": self.devices(),
+            "devices": self.devices(probe),
             "traces": [trace_entry(r) for r in list(history)],
             "live": self._live_running(),
         }
 
-    def devices(self) -> list[dict[str, Any]]:
-        """Every device found (probed once per kernel), with live memory for those opened in this kernel."""
+    def devices(self, probe: bool = True) -> list[dict[str, Any]]:
+        """Every device found (probed once per kernel), with live memory for those opened in this kernel.
+
+        Without ``probe``, and before a request probed, only the open devices: probing every backend inside a user's
+        cell would slow it and could print there.
+        """
         from .device import devices
 
+        if self._catalog is None and not probe:
+            current = self._current_spec(probe=False) or self._current
+            return [device_entry(dev.info, dev, current) for dev in _open_devices().values()]
         if self._catalog is None:
             try:
                 self._catalog = devices()
             except Exception as exc:  # a broken backend must not hide the ones that work
                 log.warning("gpuworkbench comm: listing devices failed: %s", exc)
                 self._catalog = []
-        current = self._current = self._current_spec()
+        current = self._current = self._current_spec(probe) or self._current
         opened = _open_devices()
         entries = [
             device_entry(info, opened.pop(f"{info.backend}:{info.index}", None), current) for info in self._catalog
@@ -377,7 +391,7 @@ class PanelServer:
         try:
             if not self.subscribers:
                 return
-            state = self.state()
+            state = self.state(probe=False)
             key = _state_key(state)
             if key != self._last_state:
                 self._last_state = key

@@ -68,6 +68,18 @@ history: list[TraceRecord] = []
 def register(ipython: Any) -> None:
     """Register ``%gpu`` and ``%%gpu`` on ``ipython`` (called by ``%load_ext gpuworkbench``)."""
     ipython.register_magics(GpuMagics)
+    if _number_cells not in ipython.events.callbacks["post_run_cell"]:
+        # before the comm's own post_run_cell hook (registered after this), so the panel sees the right number
+        ipython.events.register("post_run_cell", _number_cells)
+
+
+def _number_cells(result: Any) -> None:
+    """Give records made during the cell just run that cell's number: inside a running cell IPython 9's
+    ``execution_count`` already names the next cell."""
+    for record in reversed(history):
+        if record.execution_count != -1:  # -1 marks a record of the running cell
+            break
+        record.execution_count = result.execution_count
 
 
 def _error(what: str, message: object) -> None:
@@ -488,7 +500,7 @@ class GpuMagics(Magics):
 
         trace = Trace()
         namespace = self.shell.user_ns
-        record = TraceRecord(self.shell.execution_count, time.time(), 0.0, (0, 0), None, None, None, trace, name)
+        record = TraceRecord(-1, time.time(), 0.0, (0, 0), None, None, None, trace, name)
         trace.start()
         start_ns = time.perf_counter_ns()
         try:

@@ -328,6 +328,30 @@ def test_a_comm_that_fails_to_send_is_dropped(server: comm.PanelServer, caplog) 
     assert server.subscribers == [] and "dropping the comm" in caplog.text
 
 
+def test_the_announcing_comm_gets_pushes_without_asking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A panel's first request waits for running cells; the comm %load_ext opened is pushed to meanwhile."""
+    opened: list[FakeComm] = []
+    srv = comm.PanelServer(
+        fake_shell(), open_comm=lambda **kw: opened.append(FakeComm()) or opened[-1], interval_s=None
+    )
+    probed: list[bool] = []
+    import gpuworkbench.device as device_module
+
+    real_devices = device_module.devices
+    monkeypatch.setattr(device_module, "devices", lambda: probed.append(True) or real_devices())
+    front = srv.announce()
+    assert srv.subscribers == [front]
+    gw.Device("cpu")
+    srv.after_cell()  # what the %load_ext cell's post_run_cell does
+    state = front.sent[-1]
+    assert state["type"] == "state" and "cpu:0" in [d["id"] for d in state["devices"]]
+    assert all(d["open"] for d in state["devices"])  # the open devices only
+    assert probed == []  # no backend probed inside a user's cell
+    front.receive(request(1))  # the panel's request, answered once the cells ended: the whole list
+    assert probed == [True] and len(front.replies()[-1]["result"]["devices"]) >= 1
+    srv.close()
+
+
 # ---------------------------------------------------------------------- registration
 def test_register_is_a_no_op_outside_a_kernel() -> None:
     assert comm.register(SimpleNamespace(kernel=None)) is None

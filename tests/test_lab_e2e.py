@@ -2,8 +2,9 @@
 
 Starts ``jupyter-lab`` on a free port with a token and a temporary notebook folder, with the freshly built extension
 (``extension/labextension``) first on its labextensions path; opens a notebook, loads gpuworkbench in the kernel, runs
-a ``%%gpu`` cell on the CPU backend, then checks the panel's device and trace and that clicking the trace opens the
-timeline tab. Skips, saying why, without Chromium, Playwright, jupyter-lab or a built extension.
+a ``%%gpu`` cell on the CPU backend, then checks the panel's device (with memory pushed while a cell runs) and trace
+and that clicking the trace opens the timeline tab. Skips, saying why, without Chromium, Playwright, jupyter-lab or a
+built extension.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ host = np.ones(1 << 16, np.float32)
 x.copy_from_host(host)
 gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")(x, y).wait()
 out = y.copy_to_host()"""
+#: Holds 48 MiB for 3 s, then frees it: the panel can only show that figure while the cell is still running.
+BUSY_CELL = """\
+import time
+held = [dev.alloc(16 << 20, "uint8") for _ in range(3)]
+time.sleep(3)
+for buf in held:
+    buf.free()"""
 TIMEOUT_MS = 90_000
 #: A folder to save screenshots of the panel and the timeline in (to look at them), e.g. GPUWB_E2E_SHOTS=/tmp/shots.
 SHOTS = os.environ.get("GPUWB_E2E_SHOTS")
@@ -92,7 +100,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     (config / "labconfig" / "page_config.json").write_text(
         json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
     )
-    (notebooks / "gpu.ipynb").write_text(json.dumps(_notebook("%load_ext gpuworkbench", TRACED_CELL)))
+    (notebooks / "gpu.ipynb").write_text(json.dumps(_notebook("%load_ext gpuworkbench", TRACED_CELL, BUSY_CELL)))
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(
         os.environ,
@@ -142,7 +150,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def page(lab: tuple[str, str]) -> Iterator:
+def page() -> Iterator:
     """A Playwright page in the system Chromium, with the extension's console warnings collected on ``page.notes``."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (./run test does)")
     if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
@@ -165,7 +173,9 @@ def page(lab: tuple[str, str]) -> Iterator:
             browser.close()
 
 
-def test_panel_shows_device_and_trace_and_opens_timeline(lab: tuple[str, str], page) -> None:
+def test_panel_shows_device_and_trace_and_opens_timeline(
+    page, lab: tuple[str, str]
+) -> None:  # browser first: skips sooner
     from playwright.sync_api import expect
 
     url, token = lab
@@ -179,11 +189,12 @@ def test_panel_shows_device_and_trace_and_opens_timeline(lab: tuple[str, str], p
     expect(panel.locator(".jp-gpuwb-notice")).to_contain_text("not loaded in this kernel", timeout=TIMEOUT_MS)
     expect(panel.locator(".jp-gpuwb-code")).to_have_text("%load_ext gpuworkbench")
 
-    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.evaluate("void window.jupyterapp.commands.execute('notebook:run-all-cells')")  # not awaiting the cells
 
     device = panel.locator('.jp-gpuwb-device[data-device-id="cpu:0"]')
     expect(device).to_be_visible(timeout=TIMEOUT_MS)
-    expect(device.locator(".jp-gpuwb-memory")).to_contain_text("used of", timeout=TIMEOUT_MS)  # opened: live memory
+    # Memory is pushed from a kernel thread while a cell runs: the 48 MiB the last cell holds for 3 s shows up.
+    expect(device.locator(".jp-gpuwb-memory")).to_contain_text(re.compile(r"48\.\d MiB used of"), timeout=20_000)
     traces = panel.locator(".jp-gpuwb-trace[data-trace-id]")
     expect(traces).to_have_count(1, timeout=TIMEOUT_MS)
     # The cell's execution count, as %%gpu recorded it.

@@ -159,7 +159,9 @@ export class WorkbenchPanel extends Widget {
       }
     }
     if (devices.length === 0) {
-      this._deviceList.replaceChildren(element('li', 'jp-gpuwb-empty', 'No device found.'));
+      // The CPU backend is always there: an empty list means the kernel has not listed its devices yet (it does so
+      // between cells, and lists the ones a running cell opens as it opens them).
+      this._deviceList.replaceChildren(element('li', 'jp-gpuwb-empty', 'Listing devices when the kernel is idle…'));
     } else {
       this._deviceList.querySelector(':scope > .jp-gpuwb-empty')?.remove();
     }

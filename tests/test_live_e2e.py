@@ -1,0 +1,213 @@
+"""End to end: a ``%%gpu`` timeline and a ``%gpu live`` dashboard in a real JupyterLab, in headless Chromium.
+
+Starts ``jupyter-lab`` on a free port with a token and a temporary notebook folder, opens a notebook that loads
+gpuworkbench, traces a ``%%gpu`` cell on the CPU backend, starts ``%gpu live`` and then runs a ~8 s loop of copies and
+small kernels. Checks that the traced cell rendered a Bokeh timeline, and that the live dashboard's numbers changed
+in the browser while the loop cell was still running (its prompt still ``[*]``): pushed from the kernel, not polled.
+Skips, saying why, without Chromium, Playwright or jupyter-lab. Needs no built JupyterLab extension.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = os.environ.get("GPUWB_CHROMIUM", "/usr/bin/chromium")
+#: The flags that make the system Chromium work headless in a container without reaching the network.
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TRACED_CELL = """\
+%%gpu
+import gpuworkbench as gw
+import numpy as np
+dev = gw.Device('cpu')
+b = dev.alloc(1 << 20)
+s = dev.create_stream()
+b.copy_from_host_async(np.ones(1 << 20, np.float32), s).wait()"""
+LIVE_CELL = "%gpu live"
+LOOP_SECONDS = 8.0
+#: Copies and small kernels for LOOP_SECONDS: the live dashboard has to follow them while this cell runs.
+LOOP_CELL = f"""\
+import time
+scale_add = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")
+y = dev.alloc(1 << 20)
+host = np.ones(1 << 20, np.float32)
+end = time.monotonic() + {LOOP_SECONDS}
+while time.monotonic() < end:
+    b.copy_from_host_async(host, s).wait()
+    scale_add(b, y).wait()
+    time.sleep(0.005)"""
+TIMEOUT_MS = 90_000
+
+
+def _jupyter_lab() -> str | None:
+    """The jupyter-lab next to this Python (the venv's), else the one on PATH."""
+    beside = Path(sys.executable).with_name("jupyter-lab")
+    return str(beside) if beside.exists() else shutil.which("jupyter-lab")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _notebook(*sources: str) -> dict:
+    cells = [
+        {"cell_type": "code", "execution_count": None, "id": f"cell{i}", "metadata": {}, "outputs": [], "source": s}
+        for i, s in enumerate(sources)
+    ]
+    kernelspec = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    return {"cells": cells, "metadata": {"kernelspec": kernelspec}, "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A running JupyterLab (base URL, token) serving a notebook folder with ``live.ipynb``; stopped afterwards."""
+    lab_exe = _jupyter_lab()
+    if lab_exe is None:
+        pytest.skip("jupyter-lab is not installed (pip install jupyterlab, or ./run test)")
+    base = tmp_path_factory.mktemp("live-lab")
+    notebooks, data, config, runtime = (base / d for d in ("notebooks", "data", "config", "runtime"))
+    for folder in (notebooks, data, config / "labconfig", runtime):
+        folder.mkdir(parents=True)
+    # The news prompt is a toast that may cover the cells: switch it off.
+    (config / "labconfig" / "page_config.json").write_text(
+        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
+    )
+    notebook = _notebook("%load_ext gpuworkbench", TRACED_CELL, LIVE_CELL, LOOP_CELL)
+    (notebooks / "live.ipynb").write_text(json.dumps(notebook))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(
+        os.environ,
+        JUPYTER_PATH=str(data),
+        JUPYTER_CONFIG_DIR=str(config),
+        JUPYTER_RUNTIME_DIR=str(runtime),
+        XDG_RUNTIME_DIR=str(runtime),
+        BOKEH_RESOURCES="inline",  # offline: BokehJS from the output itself, never from a CDN
+        GPUWB_DEVICE="cpu",
+    )
+    command = [
+        lab_exe,
+        "--allow-root",
+        "--ServerApp.open_browser=False",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={notebooks}",
+    ]
+    log = (base / "lab.log").open("wb")
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=notebooks)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                pytest.fail(f"jupyter-lab did not start:\n{(base / 'lab.log').read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield url, token
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def page() -> Iterator:
+    """A Playwright page in the system Chromium."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (./run test does)")
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; ./run test does as root)")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1500, "height": 950})
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+def _spans(text: str) -> int:
+    """The span count at the head of the live dashboard's numbers ("1,234 spans · ...")."""
+    match = re.search(r"([\d,]+)\s+spans\b", text)
+    assert match, f"no span count in the live dashboard's numbers: {text!r}"
+    return int(match.group(1).replace(",", ""))
+
+
+def test_traced_timeline_and_live_dashboard_update_while_cell_runs(page, lab: tuple[str, str]) -> None:
+    from playwright.sync_api import expect
+
+    url, token = lab
+    page.goto(f"{url}/lab/tree/live.ipynb?token={token}")
+    notebook = page.locator(".jp-NotebookPanel .jp-Notebook")
+    expect(notebook).to_be_visible(timeout=TIMEOUT_MS)
+    cells = notebook.locator(".jp-Cell")
+    expect(cells).to_have_count(4, timeout=TIMEOUT_MS)
+    # Wait for the kernel to be idle before running everything ("Run All Cells" has no default shortcut).
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first).to_be_attached(
+        timeout=TIMEOUT_MS
+    )
+
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+
+    # The %%gpu cell shows a rendered Bokeh timeline (locators pierce Bokeh's shadow DOM).
+    traced, live, loop = cells.nth(1), cells.nth(2), cells.nth(3)
+    expect(traced.locator(".jp-OutputArea .bk-Canvas").first).to_be_attached(timeout=TIMEOUT_MS)
+
+    # The live dashboard appears under %gpu live; the loop cell is then running.
+    numbers = live.locator(".gpuworkbench-live")
+    expect(numbers).to_be_attached(timeout=TIMEOUT_MS)
+    expect(live.locator(".jp-OutputArea .bk-Canvas").first).to_be_attached(timeout=TIMEOUT_MS)
+    prompt = loop.locator(".jp-InputArea-prompt")
+    expect(prompt).to_have_text(re.compile(r"\[\*\]"), timeout=TIMEOUT_MS)
+    started = time.monotonic()
+
+    # Two reads of the dashboard's numbers ~2 s apart, both while the loop cell is still running.
+    page.wait_for_timeout(1000)
+    first = numbers.inner_text()
+    page.wait_for_timeout(2000)
+    second = numbers.inner_text()
+    still_running = "[*]" in prompt.inner_text()
+    elapsed = time.monotonic() - started
+    assert still_running, f"the loop cell ended after {elapsed:.1f} s, before the second read; lengthen the loop"
+    assert second != first, f"the live dashboard did not change while the cell ran: {first!r}"
+    assert _spans(second) > _spans(first) > 0, f"span count did not grow: {first!r} -> {second!r}"
+
+    # And the loop cell does finish, with no error.
+    expect(prompt).to_have_text(re.compile(r"\[\d+\]"), timeout=TIMEOUT_MS)
+    expect(loop.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")).to_have_count(0)
