@@ -62,6 +62,8 @@ while time.monotonic() < end:
 TIMEOUT_MS = 90_000
 #: How far apart (seconds) the two reads of the live numbers are.
 READ_GAP_S = 2.0
+#: A folder to save screenshots in (scripts/screenshots.sh uses it for the README), e.g. GPUWB_E2E_SHOTS=/tmp/shots.
+SHOTS = os.environ.get("GPUWB_E2E_SHOTS")
 
 
 def _jupyter_lab() -> str | None:
@@ -240,6 +242,10 @@ def test_traced_timeline_and_live_dashboard_update_while_cell_runs(page, lab: tu
         f"read {len(samples)} times: first {first[1]!r}, last {samples[-1][1]!r}"
     )
     assert changed[1] != first[1]
+    if SHOTS:  # the dashboard mid-loop, and the %%gpu cell's timeline
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        live.screenshot(path=str(Path(SHOTS) / "live-dashboard.png"))
+        traced.locator(".jp-OutputArea").screenshot(path=str(Path(SHOTS) / "timeline.png"))
     # The live timeline is a rendered Bokeh canvas too.
     expect(live.locator(".jp-OutputArea .bk-Canvas").first).to_be_attached()
 
