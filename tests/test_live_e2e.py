@@ -9,35 +9,17 @@ Skips, saying why, without Chromium, Playwright or jupyter-lab. Needs no built J
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import secrets
-import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lab_browser import chromium_page, notebook, running_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = os.environ.get("GPUWB_CHROMIUM", "/usr/bin/chromium")
-#: The flags that make the system Chromium work headless in a container without reaching the network.
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 TRACED_CELL = """\
 %%gpu
 import gpuworkbench as gw
@@ -66,103 +48,19 @@ READ_GAP_S = 2.0
 SHOTS = os.environ.get("GPUWB_E2E_SHOTS")
 
 
-def _jupyter_lab() -> str | None:
-    """The jupyter-lab next to this Python (the venv's), else the one on PATH."""
-    beside = Path(sys.executable).with_name("jupyter-lab")
-    return str(beside) if beside.exists() else shutil.which("jupyter-lab")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _notebook(*sources: str) -> dict:
-    cells = [
-        {"cell_type": "code", "execution_count": None, "id": f"cell{i}", "metadata": {}, "outputs": [], "source": s}
-        for i, s in enumerate(sources)
-    ]
-    kernelspec = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    return {"cells": cells, "metadata": {"kernelspec": kernelspec}, "nbformat": 4, "nbformat_minor": 5}
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """A running JupyterLab (base URL, token) serving a notebook folder with ``live.ipynb``; stopped afterwards."""
-    lab_exe = _jupyter_lab()
-    if lab_exe is None:
-        pytest.skip("jupyter-lab is not installed (pip install jupyterlab, or ./run test)")
-    base = tmp_path_factory.mktemp("live-lab")
-    notebooks, data, config, runtime = (base / d for d in ("notebooks", "data", "config", "runtime"))
-    for folder in (notebooks, data, config / "labconfig", runtime):
-        folder.mkdir(parents=True)
-    # The news prompt is a toast that may cover the cells: switch it off.
-    (config / "labconfig" / "page_config.json").write_text(
-        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
-    )
-    notebook = _notebook("%load_ext gpuworkbench", TRACED_CELL, LIVE_CELL, LOOP_CELL)
-    (notebooks / "live.ipynb").write_text(json.dumps(notebook))
-    port, token = _free_port(), secrets.token_hex(16)
-    env = dict(
-        os.environ,
-        JUPYTER_PATH=str(data),
-        JUPYTER_CONFIG_DIR=str(config),
-        JUPYTER_RUNTIME_DIR=str(runtime),
-        XDG_RUNTIME_DIR=str(runtime),
-        BOKEH_RESOURCES="inline",  # offline: BokehJS from the output itself, never from a CDN
-        GPUWB_DEVICE="cpu",
-    )
-    command = [
-        lab_exe,
-        "--allow-root",
-        "--ServerApp.open_browser=False",
-        "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={notebooks}",
-    ]
-    log = (base / "lab.log").open("wb")
-    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=notebooks)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                log.flush()
-                pytest.fail(f"jupyter-lab did not start:\n{(base / 'lab.log').read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield url, token
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+    nb = notebook("%load_ext gpuworkbench", TRACED_CELL, LIVE_CELL, LOOP_CELL)
+    with running_lab(tmp_path_factory.mktemp("live-lab"), {"live.ipynb": nb}) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def page() -> Iterator:
     """A Playwright page in the system Chromium."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (./run test does)")
-    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; ./run test does as root)")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
-        try:
-            context = browser.new_context(viewport={"width": 1500, "height": 950})
-            yield context.new_page()
-        finally:
-            browser.close()
+    with chromium_page() as page:
+        yield page
 
 
 def _spans(text: str) -> int:
