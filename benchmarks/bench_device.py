@@ -18,6 +18,8 @@ import time
 import numpy as np
 
 MiB = 1 << 20
+#: Untraced / traced measurements alternate this many times; the ratio reported is the median of the pairs'.
+PAIRS = 5
 
 
 def best_of(fn, repeat: int = 5) -> float:
@@ -132,18 +134,27 @@ def launches(gw, cp, dev, count: int = 5000) -> dict:
     raw_loop()
     our_loop()
     out["raw_cupy_us"] = median_of(raw_loop) / count * 1e6
-    out["ours_untraced_us"] = median_of(our_loop) / count * 1e6
+    # Untraced and traced alternate, pair by pair, so that drift of the host hits both alike.
+    pairs: dict[str, list[float]] = {"untraced": [], "cupti": [], "events": []}
+    for _ in range(PAIRS):
+        pairs["untraced"].append(median_of(our_loop, 3) / count * 1e6)
+        for source in ("cupti", "events"):
+            try:
+                with gw.trace(source=source) as t:
+                    our_loop()  # warm the source (CUPTI start, clock alignment)
+                    pairs[source].append(median_of(our_loop, 3) / count * 1e6)
+                t.wait_pending(60)
+                out[f"traced_{source}_spans"] = len(t)
+                out[f"traced_{source}_lost"] = t.stats.lost
+            except Exception as exc:  # noqa: BLE001 - report, don't hide
+                out[f"ours_traced_{source}_error"] = repr(exc)
+    out["ours_untraced_us"] = statistics.median(pairs["untraced"])
     for source in ("cupti", "events"):
-        try:
-            with gw.trace(source=source) as t:
-                our_loop()  # warm the source (CUPTI start, clock alignment)
-                traced = median_of(our_loop) / count * 1e6
-            t.wait_pending(60)
-            out[f"ours_traced_{source}_us"] = traced
-            out[f"traced_{source}_spans"] = len(t)
-            out[f"traced_{source}_lost"] = t.stats.lost
-        except Exception as exc:  # noqa: BLE001 - report, don't hide
-            out[f"ours_traced_{source}_error"] = repr(exc)
+        if len(pairs[source]) == PAIRS:
+            out[f"ours_traced_{source}_us"] = statistics.median(pairs[source])
+            ratios = [t / u for t, u in zip(pairs[source], pairs["untraced"])]
+            out[f"traced_{source}_ratio"] = statistics.median(ratios)
+            out[f"traced_{source}_ratio_range"] = [min(ratios), max(ratios)]
     b.free()
     return out
 
@@ -183,20 +194,31 @@ def pipeline(gw, cp, dev, batches: int = 16, batch_bytes: int = 64 * MiB, depth:
 
     pipe = gw.Pipeline(dev, lambda a, b, st: f(a, b, stream=st), depth=depth)
     pipe.run(inputs[:2], outputs[:2])
-    untraced = median_of(lambda: pipe.run(inputs, outputs))
+    runs: dict[str, list[float]] = {"untraced": [], "cupti": [], "events": []}
+    summaries: dict[str, object] = {}
+    for _ in range(PAIRS):
+        runs["untraced"].append(median_of(lambda: pipe.run(inputs, outputs), 3))
+        for source in ("cupti", "events"):
+            try:
+                with gw.trace(source=source) as t:
+                    pipe.run(inputs[:2], outputs[:2])
+                    runs[source].append(median_of(lambda: pipe.run(inputs, outputs), 3))
+                summaries[source] = t
+            except Exception as exc:  # noqa: BLE001
+                out[f"ours_traced_{source}_error"] = repr(exc)
+    untraced = statistics.median(runs["untraced"])
     out["ours_untraced_ms"] = untraced * 1e3
+    out["ours_untraced_efficiency"] = ideal / untraced
     for source in ("cupti", "events"):
-        try:
-            with gw.trace(source=source) as t:
-                pipe.run(inputs[:2], outputs[:2])
-                traced = median_of(lambda: pipe.run(inputs, outputs))
-            out[f"ours_traced_{source}_ms"] = traced * 1e3
-            out[f"ours_traced_{source}_efficiency"] = ideal / traced
-            out[f"tracing_{source}_overhead_pct"] = (traced / untraced - 1) * 100
-            summ = t.summary()
-            out[f"traced_{source}_overlap_pct"] = summ.overlap_pct
-        except Exception as exc:  # noqa: BLE001
-            out[f"ours_traced_{source}_error"] = repr(exc)
+        if len(runs[source]) != PAIRS:
+            continue
+        traced = statistics.median(runs[source])
+        ratios = [t / u for t, u in zip(runs[source], runs["untraced"])]
+        out[f"ours_traced_{source}_ms"] = traced * 1e3
+        out[f"ours_traced_{source}_efficiency"] = ideal / traced
+        out[f"tracing_{source}_overhead_pct"] = (statistics.median(ratios) - 1) * 100
+        out[f"tracing_{source}_overhead_pct_range"] = [(min(ratios) - 1) * 100, (max(ratios) - 1) * 100]
+        out[f"traced_{source}_overlap_pct"] = summaries[source].summary().overlap_pct
     ok = all(float(o[0]) == 2 * i + 1 and float(o[-1]) == 2 * i + 1 for i, o in enumerate(outputs))
     out["ours_correct"] = ok
     pipe.close()
@@ -240,6 +262,7 @@ def main() -> None:
     dev = gw.Device("cuda:0")
     results["device"] = dev.name
     results["cupy"] = cp.__version__
+
     def pipeline_depth3(gw, cp, dev):
         return pipeline(gw, cp, dev, depth=3)
 

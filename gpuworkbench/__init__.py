@@ -32,7 +32,7 @@ from .trace.recorder import Trace
 __version__ = "0.1.0"
 
 
-def trace(capacity: int = 1_000_000, interval_s: float = 0.01, source: str = "auto") -> Trace:
+def trace(capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto") -> Trace:
     """A Trace to use as ``with gw.trace() as t:``; records every op on every device without synchronizing."""
     return Trace(capacity=capacity, interval_s=interval_s, source=source)
 

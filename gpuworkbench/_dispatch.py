@@ -20,11 +20,14 @@ def enqueue(
     pinned: int,
     call: Callable[[bool], Any],
     keep: Any = None,
+    many: bool = False,
 ) -> Any:
     """Run ``call(timed)`` (which enqueues one backend op) and return its completion.
 
-    ``keep`` (a host array, say) is held alive by the stream until the op is done. When no trace is recording this
-    costs one list check; when one is, the op is timed by the device (or by CUPTI) and recorded without any sync.
+    ``keep`` (a host array, say) is held alive by the stream until the op is done; ``many`` says the op may run as
+    several device activities (a graph launch), which a CUPTI trace then gathers into one span. When no trace is
+    recording this costs one list check; when one is, the op is timed by the device (or by CUPTI) and recorded
+    without any sync.
     """
     capture = stream._capture
     if capture is not None:  # inside ``with stream.capture()``: the graph records the op instead of running it
@@ -35,7 +38,7 @@ def enqueue(
         stream._track(completion, keep)
         return completion
     if len(traces) == 1:
-        return traces[0].record_op(stream, kind, nbytes, name, pinned, call, keep)
+        return traces[0].record_op(stream, kind, nbytes, name, pinned, call, keep, many)
     enqueue_ns = time.perf_counter_ns()
     device = stream.device
     numbered = [(t, t.device_number(device)) for t in list(traces)]
@@ -49,7 +52,7 @@ def enqueue(
         raise
     stream._track(completion, keep)
     for (t, n), op_id in zip(numbered, ids):
-        t.op_end(op_id, n, stream.id, kind, nbytes, name, pinned, enqueue_ns, completion)
+        t.op_end(op_id, n, stream.id, kind, nbytes, name, pinned, enqueue_ns, completion, many)
     return completion
 
 

@@ -165,6 +165,7 @@ class Graph:
                     -1,
                     lambda timed: backend.launch_graph(native, s._raw, timed),
                     keep=self,
+                    many=True,
                 )
             else:
                 event = self._replay(s)

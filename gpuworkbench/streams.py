@@ -158,9 +158,11 @@ class Stream:
         if self.closed:
             raise InvalidArgument(f"stream {self.label!r} is closed")
 
-    def _enqueue(self, kind: str, nbytes: int, name: str, pinned: int, call: Any, keep: Any = None) -> Event:
+    def _enqueue(
+        self, kind: str, nbytes: int, name: str, pinned: int, call: Any, keep: Any = None, many: bool = False
+    ) -> Event:
         self._check_open()
-        completion = _dispatch.enqueue(self, kind, nbytes, name, pinned, call, keep)
+        completion = _dispatch.enqueue(self, kind, nbytes, name, pinned, call, keep, many)
         return Event(completion, self, keep)
 
     def close(self) -> None:

@@ -23,16 +23,15 @@ flush and not cached across flushes, so a pointer reused after a module unload c
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import ctypes
-import itertools
-import operator
 import threading
 import time
 from typing import Any
 
 import numpy as np
+
+from .cupti_join import ExternalIdJoin
 
 #: Activity kinds enabled by :meth:`CuptiSource.start`, by their ``cupti.ActivityKind`` names.
 ACTIVITY_KINDS: tuple[str, ...] = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "EXTERNAL_CORRELATION")
@@ -139,6 +138,7 @@ _COMPLETE_FN = ctypes.CFUNCTYPE(
 # Numeric span columns decoded per struct, in the order of the record dict's keys that come from them.
 _SPAN_FIELDS: tuple[str, ...] = ("start", "end", "bytes", "name", "pinned", "stream_id", "device_id", "correlation_id")
 
+_NONE = np.empty(0, np.int64)
 _STATE_LOCK = threading.Lock()
 _ACTIVE: CuptiSource | None = None
 _RAW: _RawCupti | None = None
@@ -380,11 +380,7 @@ class CuptiSource:
         self._lock = threading.Lock()  # guards _incoming (appended on CUPTI's thread)
         self._flush_lock = threading.Lock()  # serializes flush() and guards the join state below
         self._incoming: list[bytes] = []
-        self._held: list[tuple[dict[str, Any], int, int, int]] = []
-        self._ext_ids: dict[int, int] = {}  # correlation id -> external id (insertion order: oldest first)
-        self._ext_last_use: dict[int, int] = {}  # correlation id -> flush that last attached it to a record
-        self._ext_uses: collections.deque[tuple[int, list[int]]] = collections.deque()  # (flush, ids used then)
-        self._flush_index = 0
+        self._joiner = ExternalIdJoin(HOLD_FLUSHES, EXT_KEEP_FLUSHES, EXT_MAP_MAX)
         self._pushed = False
         self._push: Any = None
         self._pop: Any = None
@@ -490,10 +486,20 @@ class CuptiSource:
         if self._pop is not None:
             self._pop(self._ext_kind)
 
+    def external_id_calls(self) -> tuple[Any, Any, int]:
+        """(push, pop, kind) to call as ``push(kind, id)`` / ``pop(kind)`` on a hot path, skipping two Python frames."""
+        if self._push is None:
+            raise CuptiUnavailable("the CUPTI source is not started")
+        self._pushed = True
+        return self._push, self._pop, self._ext_kind
+
     # -- records -----------------------------------------------------------------------------------------------
 
-    def flush(self) -> list[dict[str, Any]]:
-        """Non-forced CUPTI flush, then every record completed since the last call, sorted by ``start_ns``."""
+    def flush_columns(self) -> dict[str, np.ndarray] | None:
+        """Non-forced CUPTI flush, then every record completed since the last call as columns, ordered by ``start``.
+
+        Columns: kind (str), start, end (CUPTI ns), external_id (-1: none), bytes, name, pinned (-1/0/1),
+        stream_id, device_id, correlation_id, runtime_correlation_id; None when nothing completed."""
         with self._flush_lock:
             if self._running and self._raw is not None:
                 status = self._raw.flush_all(0)
@@ -507,8 +513,14 @@ class CuptiSource:
             except Exception as exc:  # noqa: BLE001  a bad buffer must not stop the harvester
                 self.callback_errors += 1
                 self.last_callback_error = f"decode: {type(exc).__name__}: {exc}"
-                cols, ext = None, ([], [])
-            return self._join(cols, ext, final=not self._running)
+                cols, ext = None, (_NONE, _NONE)
+            return self._joiner.join(cols, *ext, wait=self._pushed and self._running)
+
+    def flush(self) -> list[dict[str, Any]]:
+        """``flush_columns()`` as one dict per record (kind, start_ns, end_ns, external_id, bytes, name, pinned,
+        cupti_stream, device): for diagnostics; the trace uses the columns."""
+        cols = self.flush_columns()
+        return [] if cols is None else _span_dicts(cols)
 
     def clock_sample(self) -> tuple[int, int, int]:
         """(cupti_ns, host perf_counter_ns, error_ns): a CUPTI timestamp bracketed by two host reads (best of 3)."""
@@ -535,8 +547,8 @@ class CuptiSource:
         self._enabled = []
         with self._lock:
             self._incoming = []
-        self._held, self._flush_index, self._pushed = [], 0, False
-        self._ext_ids, self._ext_last_use, self._ext_uses = {}, {}, collections.deque()
+        self._pushed = False
+        self._joiner = ExternalIdJoin(HOLD_FLUSHES, EXT_KEEP_FLUSHES, EXT_MAP_MAX)
 
     def _setup_tables(self, cupti: Any) -> None:
         """Kind codes, enum lookup tables and record layouts from cupti-python; the expected sizes to the walker."""
@@ -603,11 +615,11 @@ class CuptiSource:
         with self._lock:
             self._incoming.append(data)
 
-    def _decode(self, buffers: list[bytes]) -> tuple[dict[str, np.ndarray] | None, tuple[list[int], list[int]]]:
-        """Span columns (ordered by start, then buffer order) and this flush's (correlation ids, external ids)."""
+    def _decode(self, buffers: list[bytes]) -> tuple[dict[str, np.ndarray] | None, tuple[np.ndarray, np.ndarray]]:
+        """Span columns (in buffer order) and this flush's (correlation ids, external ids)."""
         raw = self._raw
         if not buffers or raw is None:
-            return None, ([], [])
+            return None, (_NONE, _NONE)
         parts: list[bytes] = []
         offsets: list[np.ndarray] = []
         base = 0
@@ -645,12 +657,12 @@ class CuptiSource:
             return np.ascontiguousarray(raw_bytes).view(f"<u{size}").ravel()
 
         ext_rows = at[kinds == self._k_ext]
-        ext: tuple[list[int], list[int]] = ([], [])
+        ext: tuple[np.ndarray, np.ndarray] = (_NONE, _NONE)
         if ext_rows.size:
             mine = column(ext_rows, "ext", "external_kind") == self._ext_kind
             ext = (
-                column(ext_rows, "ext", "correlation_id")[mine].tolist(),
-                column(ext_rows, "ext", "external_id")[mine].tolist(),
+                column(ext_rows, "ext", "correlation_id")[mine].astype(np.int64),
+                column(ext_rows, "ext", "external_id")[mine].astype(np.int64),
             )
 
         groups: list[tuple[np.ndarray, ...]] = []  # (row, kind, *_SPAN_FIELDS, runtime_correlation_id) per struct
@@ -700,8 +712,8 @@ class CuptiSource:
         start, end = cols["start"], cols["end"]
         keep = np.flatnonzero((start > 0) & (end >= start))
         self.incomplete_records += start.size - keep.size
-        order = keep[np.lexsort((cols["row"][keep], start[keep]))]
-        return {name: col[order] for name, col in cols.items()}, ext
+        keep = keep[np.argsort(cols["row"][keep], kind="stable")]
+        return {name: col[keep] for name, col in cols.items() if name != "row"}, ext
 
     @staticmethod
     def _kernel_name(pointer: int) -> str:
@@ -710,99 +722,12 @@ class CuptiSource:
             return ""
         return ctypes.string_at(pointer).decode("utf-8", "replace")
 
-    def _join(
-        self, cols: dict[str, np.ndarray] | None, ext: tuple[list[int], list[int]], final: bool
-    ) -> list[dict[str, Any]]:
-        """Attach external ids by correlation id; hold unmatched records for up to HOLD_FLUSHES flushes."""
-        self._flush_index += 1
-        now = self._flush_index
-        ext_ids, last_use = self._ext_ids, self._ext_last_use
-        if ext[0]:
-            ext_ids.update(zip(*ext))
-        wait = self._pushed and not final
-        out: list[dict[str, Any]] = []
-        held: list[tuple[dict[str, Any], int, int, int]] = []
-        used: list[int] = []
-        for rec, corr, runtime_corr, born in self._held:
-            key = corr if corr in ext_ids else runtime_corr
-            hit = ext_ids.get(key) if key else None
-            if hit is not None:
-                rec["external_id"] = hit
-                used.append(key)
-                out.append(rec)
-            elif wait and now - born < HOLD_FLUSHES:
-                held.append((rec, corr, runtime_corr, born))
-            else:
-                out.append(rec)
-        released = len(out)
-        if cols is not None:
-            corr = cols["correlation_id"]
-            ids = np.array(list(map(ext_ids.get, corr.tolist())), dtype=object)
-            miss = np.equal(ids, None)
-            used += corr[~miss].tolist()
-            runtime = cols["runtime_correlation_id"]
-            retry = np.flatnonzero(miss & (runtime != 0))  # copies the runtime API tagged (cudaMemcpy*)
-            if retry.size:
-                keys = runtime[retry].tolist()
-                ids[retry] = np.array(list(map(ext_ids.get, keys)), dtype=object)
-                miss[retry] = np.equal(ids[retry], None)
-                used += [k for k, missing in zip(keys, miss[retry].tolist()) if not missing]
-            ext_col = np.where(miss, -1, ids)
-            if wait and miss.any():
-                out += _span_dicts(cols, ext_col, ~miss)
-                hold = _span_dicts(cols, ext_col, miss)
-                held += zip(hold, corr[miss].tolist(), runtime[miss].tolist(), itertools.repeat(now))
-            else:
-                out += _span_dicts(cols, ext_col, None)
-        self._held = held
-        if used:  # entries stay EXT_KEEP_FLUSHES flushes after their last use: graph launches share one
-            last_use.update(zip(used, itertools.repeat(now)))
-            self._ext_uses.append((now, used))
-        uses = self._ext_uses
-        while uses and now - uses[0][0] > EXT_KEEP_FLUSHES:
-            flush_index, keys = uses.popleft()
-            stale = [k for k in keys if last_use.get(k) == flush_index]
-            collections.deque(map(ext_ids.pop, stale, itertools.repeat(None)), maxlen=0)
-            collections.deque(map(last_use.pop, stale, itertools.repeat(None)), maxlen=0)
-        if len(ext_ids) > EXT_MAP_MAX:  # entries of ops still queued (or never used): keep the newest half
-            for c in list(itertools.islice(ext_ids, len(ext_ids) - EXT_MAP_MAX // 2)):
-                del ext_ids[c]
-                last_use.pop(c, None)
-        if released:
-            out.sort(key=operator.itemgetter("start_ns"))
-        return out
 
-
-def _span_dicts(cols: dict[str, np.ndarray], ext_col: np.ndarray, rows: np.ndarray | None) -> list[dict[str, Any]]:
-    """The record dicts of ``rows`` (a mask; None: all) of the decoded columns, with their external ids."""
-
-    def pick(col: np.ndarray) -> list[Any]:
-        return (col if rows is None else col[rows]).tolist()
-
-    return [
-        {
-            "kind": k,
-            "start_ns": s,
-            "end_ns": e,
-            "external_id": x,
-            "bytes": b,
-            "name": nm,
-            "pinned": p,
-            "cupti_stream": st,
-            "device": d,
-        }
-        for k, s, e, x, b, nm, p, st, d in zip(
-            pick(cols["kind"]),
-            pick(cols["start"]),
-            pick(cols["end"]),
-            pick(ext_col),
-            pick(cols["bytes"]),
-            pick(cols["name"]),
-            pick(cols["pinned"]),
-            pick(cols["stream_id"]),
-            pick(cols["device_id"]),
-        )
-    ]
+def _span_dicts(cols: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """One dict per row of the joined columns."""
+    names = ("kind", "start", "end", "external_id", "bytes", "name", "pinned", "stream_id", "device_id")
+    keys = ("kind", "start_ns", "end_ns", "external_id", "bytes", "name", "pinned", "cupti_stream", "device")
+    return [dict(zip(keys, row)) for row in zip(*(cols[n].tolist() for n in names))]
 
 
 def _stop_active_at_exit() -> None:

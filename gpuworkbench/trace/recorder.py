@@ -19,12 +19,19 @@ from typing import Any
 
 import numpy as np
 
+from .cupti_ops import CuptiOps
 from .spans import COLUMNS, KIND_CODE, KINDS, MEMORY_COLUMNS, Span, empty_memory_table, spans_of, table_from_records
 
 #: Traces currently recording. The front end checks this list's truthiness before doing any tracing work.
 ACTIVE: list[Trace] = []
 _ACTIVE_LOCK = threading.Lock()
 _IDS = itertools.count(1)
+#: The trace whose CUPTI source is started (CUPTI serves one per process), and how long a new trace waits for a
+#: stopped one to hand it over (its harvester releases CUPTI once its last ops have their spans).
+_CUPTI_OWNER: Trace | None = None
+CUPTI_HANDOFF_S = 2.0
+#: Polling period of a stopped trace's harvester while its last ops finish (and of ``wait_pending``).
+_DRAIN_S = 0.01
 
 
 @dataclass
@@ -39,11 +46,8 @@ class DeviceClock:
     note: str = ""  # e.g. why CUPTI was not used and what the fallback's bias is
 
 
-# An op whose span is not known yet is a list (cheap to make on the enqueue path):
-# [op_id, device, stream, kind code, bytes, name, pinned, enqueue_ns, completion, from CUPTI,
-#  harvest cycle its completion was first seen done, harvest cycle its first CUPTI record was seen]
-_DONE, _SEEN = 10, 11
-_COPY_CODES = (KIND_CODE["h2d"], KIND_CODE["d2h"])  # may arrive as several CUPTI records (staged copies)
+# An op timed by events whose span is not known yet is a tuple (cheap to make on the enqueue path):
+# (op_id, device, stream, kind code, bytes, name, pinned, enqueue_ns, completion). CUPTI ops: see cupti_ops.py.
 
 
 class _Columns:
@@ -56,14 +60,18 @@ class _Columns:
         self.count = 0  # rows ever appended
         self.dropped = 0
 
-    def append(self, row: Mapping[str, Any]) -> None:
-        if self.count >= self.size and self.size < self.capacity:
+    def _grow(self, rows: int) -> None:
+        """Double the arrays (up to ``capacity``) until ``rows`` more fit."""
+        while self.count + rows > self.size and self.size < self.capacity:
             new = min(self.size * 2, self.capacity)
             for c, arr in self.cols.items():
                 grown = np.zeros(new, dtype=arr.dtype)
                 grown[: self.size] = arr
                 self.cols[c] = grown
             self.size = new
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        self._grow(1)
         i = self.count % self.size
         if self.count >= self.size:
             self.dropped += 1
@@ -72,25 +80,25 @@ class _Columns:
         self.count += 1
 
     def extend(self, rows: list[tuple]) -> None:
-        """Append many rows (tuples in schema order) at once: one NumPy assignment per column."""
-        m = len(rows)
-        while self.count + m > self.size and self.size < self.capacity:
-            new = min(self.size * 2, self.capacity)
-            for c, arr in self.cols.items():
-                grown = np.zeros(new, dtype=arr.dtype)
-                grown[: self.size] = arr
-                self.cols[c] = grown
-            self.size = new
+        """Append many rows (tuples in schema order) at once."""
+        if rows:
+            self.extend_columns(dict(zip(self.schema, zip(*rows))))
+
+    def extend_columns(self, cols: Mapping[str, Any]) -> None:
+        """Append columns of equal length (sequences or arrays, keyed by the schema): one assignment per column."""
+        m = len(next(iter(cols.values())))
+        self._grow(m)
+        skip = 0
         if m > self.size:  # more rows than the ring holds: only the newest survive
             self.count += m - self.size
-            rows, m = rows[-self.size :], self.size
+            skip, m = m - self.size, self.size
         idx = (self.count + np.arange(m)) % self.size
-        for c, values in zip(self.schema, zip(*rows)):
+        for c in self.schema:
+            values = cols[c][skip:]
             column = self.cols[c]
-            if column.dtype == object:
-                column[idx] = np.array(values, dtype=object)
-            else:
-                column[idx] = values
+            if column.dtype == object and not isinstance(values, np.ndarray):
+                values = np.fromiter(values, object, count=m)
+            column[idx] = values
         self.count += m
         self.dropped = max(0, self.count - self.size)
 
@@ -110,32 +118,37 @@ class TraceStats:
     dropped: int = 0
     lost: int = 0  # ops whose span never arrived (e.g. no CUPTI record); listed in warnings
     harvest_cycles: int = 0
+    harvest_cpu_s: float = 0.0  # CPU time the harvester thread spent (what tracing takes from the host)
     warnings: list[str] = field(default_factory=list)
 
 
 class Trace:
     """Spans of every op enqueued while active. Use as ``with gw.trace() as t:``; nothing here synchronizes a device.
 
-    ``capacity`` bounds the rows kept (the newest win); ``interval_s`` is the harvester's polling period;
+    ``capacity`` bounds the rows kept (the newest win); ``interval_s`` is the harvester's polling period (20 Hz by
+    default: live views refresh at 10–30 Hz, and each CUPTI flush briefly contends with launches);
     ``source`` is "auto" (CUPTI on CUDA where it starts, else events) or "events" to force the fallback.
     """
 
-    def __init__(self, capacity: int = 1_000_000, interval_s: float = 0.01, source: str = "auto") -> None:
+    def __init__(self, capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto") -> None:
         if source not in ("auto", "events", "cupti"):
             raise ValueError(f"trace source must be 'auto', 'events' or 'cupti', not {source!r}")
         self.id = next(_IDS)
         self.capacity, self.interval_s, self.source = capacity, interval_s, source
         self._spans = _Columns(COLUMNS, capacity)
         self._memory = _Columns(MEMORY_COLUMNS, capacity)
-        self._pending: deque[list] = deque()  # pending ops (see the layout above _DONE)
-        self._waiting: list[list] = []
+        self._pending: deque[tuple] = deque()  # ops timed by events, not yet looked at (layout above)
+        self._waiting: list[tuple] = []  # ... and those looked at, not done yet
+        self._cupti_ops = CuptiOps()
+        self._ext_push: Any = None  # CUPTI's push / pop of external ids, bound once the source starts
+        self._ext_pop: Any = None
+        self._ext_kind = 0
         self._lock = threading.Lock()
         self._devices: dict[int, DeviceClock] = {}  # trace device number -> clock
         self._device_numbers: dict[int, int] = {}  # id(Device state) -> trace device number
         self._cupti_flags: list[bool] = []  # per trace device number: spans come from CUPTI
         self._stream_labels: dict[tuple[int, int], str] = {}
         self._cupti: Any = None
-        self._cupti_records: dict[int, list[tuple[int, int, int, int]]] = {}
         self._cupti_tried = False
         self._cupti_reason = ""
         self.stats = TraceStats()
@@ -229,13 +242,19 @@ class Trace:
         except ImportError as exc:  # pragma: no cover - the module ships with the package
             self._cupti_reason = str(exc)
             return self._cupti_reason
+        global _CUPTI_OWNER
+        owner = _CUPTI_OWNER
+        if owner is not None and owner is not self and not owner.recording and owner._thread is not None:
+            owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
         try:
             source = CuptiSource()
             source.start()
         except CuptiUnavailable as exc:
             self._cupti_reason = str(exc)
             return self._cupti_reason
+        _CUPTI_OWNER = self
         self._cupti = source
+        self._ext_push, self._ext_pop, self._ext_kind = source.external_id_calls()
         return ""
 
     def uses_cupti(self, device_number: int, kind: str = "kernel", nbytes: int = 1) -> bool:
@@ -243,43 +262,55 @@ class Trace:
         return self._cupti_flags[device_number] and (nbytes > 0 or kind == "kernel")
 
     def record_op(
-        self, stream: Any, kind: str, nbytes: int, name: str, pinned: int, call: Any, keep: Any = None
+        self,
+        stream: Any,
+        kind: str,
+        nbytes: int,
+        name: str,
+        pinned: int,
+        call: Any,
+        keep: Any = None,
+        many: bool = False,
     ) -> Any:
-        """Enqueue one op through ``call(timed)`` and record it: the fast path when one trace records."""
+        """Enqueue one op through ``call(timed)`` and record it: the fast path when one trace records.
+
+        ``many``: the op may show as several CUPTI records (a graph launch); copies are assumed to."""
         enqueue_ns = time.perf_counter_ns()
-        device = stream.device
-        number = self._device_numbers.get(id(device))
+        number = self._device_numbers.get(id(stream.device))
         if number is None:
-            number = self.device_number(device)
+            number = self.device_number(stream.device)
         op_id = next(self._op_ids)
         # A zero-byte copy or memset does nothing on the device, so CUPTI sees nothing: time it with events instead.
-        cupti = self._cupti_flags[number] and (nbytes > 0 or kind == "kernel")
-        if cupti:
-            self._cupti.push_external_id(op_id)
+        if self._cupti_flags[number] and (nbytes > 0 or kind == "kernel"):
+            ext_kind = self._ext_kind
+            self._ext_push(ext_kind, op_id)
             try:
                 completion = call(False)
             finally:
-                self._cupti.pop_external_id()
-        else:
-            completion = call(True)
+                self._ext_pop(ext_kind)
+            stream._track(completion, keep)
+            self._cupti_ops.pending.extend(
+                (op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, many)
+            )
+            self.stats.ops += 1
+            return completion
+        completion = call(True)
         stream._track(completion, keep)
-        self._pending.append(
-            [op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, cupti, -1, -1]
-        )
         self.stats.ops += 1
+        self._pending.append((op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion))
         return completion
 
     def op_begin(self, device_number: int, kind: str = "kernel", nbytes: int = 1) -> int:
         """Reserve an op id; on a CUPTI device it is pushed as the external correlation id of what follows."""
         op_id = next(self._op_ids)
         if self.uses_cupti(device_number, kind, nbytes):
-            self._cupti.push_external_id(op_id)
+            self._ext_push(self._ext_kind, op_id)
         return op_id
 
     def op_abort(self, op_id: int, device_number: int, kind: str = "kernel", nbytes: int = 1) -> None:
         """The backend refused the op after ``op_begin``: undo the external-id push, record nothing."""
         if self.uses_cupti(device_number, kind, nbytes):
-            self._cupti.pop_external_id()
+            self._ext_pop(self._ext_kind)
 
     def op_end(
         self,
@@ -292,14 +323,15 @@ class Trace:
         pinned: int,
         enqueue_ns: int,
         completion: Any,
+        many: bool = False,
     ) -> None:
         """Hand over an enqueued op; its span is filled in once the completion reports done."""
-        cupti = self.uses_cupti(device_number, kind, nbytes)
-        if cupti:
-            self._cupti.pop_external_id()
-        self._pending.append(
-            [op_id, device_number, stream, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, cupti, -1, -1]
-        )
+        op = (op_id, device_number, stream, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion)
+        if self.uses_cupti(device_number, kind, nbytes):
+            self._ext_pop(self._ext_kind)
+            self._cupti_ops.pending.extend((*op, many))
+        else:
+            self._pending.append(op)
         self.stats.ops += 1
 
     def host_event(self, device_number: int, kind: str, nbytes: int, name: str, start_ns: int, end_ns: int) -> None:
@@ -335,81 +367,71 @@ class Trace:
         self.version += 1
 
     def _harvest_loop(self) -> None:
+        stopping = False
         while True:
-            stopping = self._stop.wait(self.interval_s)
+            if stopping:  # stopped, ops still running: drain at a gentle pace, never in a busy loop
+                time.sleep(min(self.interval_s, _DRAIN_S))
+            else:
+                stopping = self._stop.wait(self.interval_s)
+            cpu = time.thread_time()
             try:
                 self.harvest()
             except Exception as exc:  # noqa: BLE001 - a harvester crash must be visible, not silent
                 self.stats.warnings.append(f"harvester error: {exc!r}")
                 warnings.warn(f"gpuworkbench trace harvester error: {exc!r}", RuntimeWarning, stacklevel=1)
-            if stopping and not self._pending and not self._waiting:
+            self.stats.harvest_cpu_s += time.thread_time() - cpu
+            if stopping and not self._unfinished():
                 self._finish_cupti()
                 return
+
+    def _unfinished(self) -> int:
+        """Ops recorded whose spans have not been made yet."""
+        return len(self._pending) + len(self._waiting) + len(self._cupti_ops)
 
     def harvest(self) -> int:
         """Turn finished ops into spans (non-blocking); returns how many spans were added."""
         self.stats.harvest_cycles += 1
         cycle = self.stats.harvest_cycles
+        offsets = {n: c.offset_ns for n, c in self._devices.items()}
+        cupti_rows = None
+        ops = self._cupti_ops
         if self._cupti is not None:
-            for rec in self._cupti.flush():
-                ext = rec.get("external_id", -1)
-                if ext > 0:
-                    self._cupti_records.setdefault(ext, []).append(
-                        (rec["start_ns"], rec["end_ns"], rec.get("bytes", 0), rec.get("pinned", -1))
-                    )
+            ops.add_records(self._cupti.flush_columns(), cycle)
+            if len(ops):
+                lost = ops.lost
+                cupti_rows = ops.harvest(cycle, np.array([offsets[n] for n in range(len(offsets))], np.int64))
+                if ops.lost > lost:
+                    self.stats.lost += ops.lost - lost
+                    self._warn_once(f"no CUPTI record arrived for some ops (first: {ops.first_lost!r}): missing")
         waiting = self._waiting
         while self._pending:
             waiting.append(self._pending.popleft())
         rows: list[tuple] = []
-        keep: list[list] = []
+        keep: list[tuple] = []
         blocked: set[tuple[int, int]] = set()  # streams with an unfinished op: later ops there are unfinished too
-        records_of = self._cupti_records
-        offsets = {n: c.offset_ns for n, c in self._devices.items()}
         for p in waiting:
-            op_id, dev, stream, kind, nbytes, name, pinned, enq, completion, cupti, done_cycle, seen_cycle = p
-            if cupti:
-                # CUPTI ops need no query: a record means the op ran. A copy may be several records (a staged
-                # copy): wait one more flush for the rest. With no record long after the op is done, say so.
-                records = records_of.get(op_id)
-                if records is None:
-                    if done_cycle < 0 and completion.done():
-                        p[_DONE] = done_cycle = cycle
-                    if done_cycle < 0 or cycle - done_cycle < 50:
-                        keep.append(p)
-                        continue
-                    self.stats.lost += 1
-                    self._warn_once(f"no CUPTI record arrived for some ops (first: {name!r}); they are missing")
-                    continue
-                if kind in _COPY_CODES and seen_cycle < 0:
-                    p[_SEEN] = cycle
-                    keep.append(p)
-                    continue
-                del records_of[op_id]
-                if len(records) == 1:
-                    start, end = records[0][0], records[0][1]
-                else:
-                    start, end = min(r[0] for r in records), max(r[1] for r in records)
-            else:
-                key = (dev, stream)
-                if key in blocked or not completion.done():
-                    blocked.add(key)
-                    keep.append(p)
-                    continue
-                times = completion.times_ns()
-                if times is None:
-                    self.stats.lost += 1
-                    self._warn_once(f"an op finished without timestamps ({name!r}); it is missing")
-                    continue
-                start, end = times
+            op_id, dev, stream, kind, nbytes, name, pinned, enq, completion = p
+            key = (dev, stream)
+            if key in blocked or not completion.done():
+                blocked.add(key)
+                keep.append(p)
+                continue
+            times = completion.times_ns()
+            if times is None:
+                self.stats.lost += 1
+                self._warn_once(f"an op finished without timestamps ({name!r}); it is missing")
+                continue
             off = offsets[dev]
-            rows.append((kind, dev, stream, start - off, end - off, enq, nbytes, name, pinned))
-        if rows:
+            rows.append((kind, dev, stream, times[0] - off, times[1] - off, enq, nbytes, name, pinned))
+        added = len(rows) + (0 if cupti_rows is None else len(cupti_rows["kind"]))
+        if added:
             with self._lock:
                 self._spans.extend(rows)
+                if cupti_rows is not None:
+                    self._spans.extend_columns(cupti_rows)
                 self.version += 1
-        added = len(rows)
         self._waiting = keep
-        self.stats.pending = len(keep) + len(self._pending)
+        self.stats.pending = self._unfinished()
         self.stats.dropped = self._spans.dropped
         return added
 
@@ -418,18 +440,23 @@ class Trace:
             self.stats.warnings.append(message)
 
     def _finish_cupti(self) -> None:
+        global _CUPTI_OWNER
         if self._cupti is not None:
             self._cupti.stop()
+            if _CUPTI_OWNER is self:
+                _CUPTI_OWNER = None
 
     def wait_pending(self, timeout_s: float = 30.0) -> bool:
         """Block until every recorded op has its span (the ops themselves must finish); False on timeout."""
         deadline = time.monotonic() + timeout_s
-        while self._pending or self._waiting:
+        while self._unfinished():
             if self._thread is None or not self._thread.is_alive():
                 self.harvest()
             if time.monotonic() > deadline:
                 return False
-            time.sleep(self.interval_s / 2)
+            time.sleep(min(self.interval_s / 2, _DRAIN_S / 2))
+        if not self.recording and self._thread is not None:
+            self._thread.join(max(0.0, deadline - time.monotonic()))  # it releases CUPTI as it ends
         return True
 
     # ------------------------------------------------------------------ reading

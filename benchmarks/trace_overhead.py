@@ -1,0 +1,302 @@
+"""Where a CUPTI-traced launch's extra time goes, on a CUDA machine: CUPTI itself, the external-id push/pop, our
+front end, the harvester. Rounds interleave the variants so that drift hits them all alike; medians are reported.
+
+Usage: python benchmarks/trace_overhead.py [--count 5000] [--rounds 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import ctypes
+import json
+import pstats
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+EMPTY = 'extern "C" __global__ void empty(float* x) {}'
+
+
+def per_launch_us(loop: Callable[[], None], count: int, repeat: int = 3, cpu: list | None = None) -> float:
+    """Median wall µs per launch; ``cpu`` gets the calling thread's CPU µs per launch of each run."""
+    times = []
+    for _ in range(repeat):
+        c0, t0 = time.thread_time(), time.perf_counter()
+        loop()
+        times.append(time.perf_counter() - t0)
+        if cpu is not None:
+            cpu.append((time.thread_time() - c0) / count * 1e6)
+    return statistics.median(times) / count * 1e6
+
+
+class Flusher(threading.Thread):
+    """Flushes a bare CuptiSource every 10 ms, as the trace's harvester would (without our join)."""
+
+    def __init__(self, src) -> None:
+        super().__init__(daemon=True)
+        self.src, self.halt, self.records = src, threading.Event(), 0
+
+    def run(self) -> None:
+        while not self.halt.wait(0.01):
+            cols = self.src.flush_columns()
+            self.records += 0 if cols is None else cols["start"].size
+
+
+def api_costs(cp, raw, arr, stream, count: int) -> None:
+    """µs per call of single CUDA API calls with CUPTI off, and on with each set of API carrier kinds."""
+    from gpuworkbench.trace import cupti as cupti_mod
+    from gpuworkbench.trace.cupti import CuptiSource
+
+    event = cp.cuda.Event(block=False, disable_timing=True)
+    rt = cp.cuda.runtime
+
+    def each(call: Callable[[], object]) -> Callable[[], None]:
+        def loop() -> None:
+            for _ in range(count):
+                call()
+            stream.synchronize()
+
+        return loop
+
+    calls = {
+        "cudaGetDevice": each(rt.getDevice),
+        "cudaEventRecord": each(lambda: event.record(stream)),
+        "cudaEventQuery": each(lambda: event.done),
+        "cuLaunchKernel": each(lambda: raw((1,), (32,), (arr,), stream=stream)),
+    }
+    table: dict[str, dict[str, float]] = {}
+    settings = {"off": None, "driver+runtime": ("DRIVER", "RUNTIME"), "driver": ("DRIVER",), "none": ()}
+    for _ in range(3):
+        for setting, carriers in settings.items():
+            src = None
+            if carriers is not None:
+                cupti_mod.API_CARRIER_KINDS = carriers
+                src = CuptiSource()
+                src.start()
+            pushes = {}
+            if src is not None:
+                push, pop, kind = src.external_id_calls()
+                pushes["push+pop cupti-python"] = each(lambda push=push, pop=pop, kind=kind: (push(kind, 5), pop(kind)))
+                for label, loader in (("CDLL", ctypes.CDLL), ("PyDLL", ctypes.PyDLL)):
+                    lib = loader(src._raw.path)
+                    cpush, cpop = lib.cuptiActivityPushExternalCorrelationId, lib.cuptiActivityPopExternalCorrelationId
+                    cpush.argtypes, cpush.restype = [ctypes.c_int, ctypes.c_uint64], ctypes.c_int
+                    cpop.argtypes, cpop.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_int
+                    ref = None  # NULL: the popped id is not wanted
+                    pushes[f"push+pop ctypes {label}"] = each(
+                        lambda cpush=cpush, cpop=cpop, ref=ref, kind=kind: (cpush(kind, 5), cpop(kind, ref))
+                    )
+            for name, loop in {**calls, **pushes}.items():
+                loop()
+                table.setdefault(setting, {}).setdefault(name, []).append(per_launch_us(loop, count))
+            if src is not None:
+                src.stop()
+                src.flush_columns()
+    cupti_mod.API_CARRIER_KINDS = ("DRIVER", "RUNTIME")
+    medians = {s: {n: round(statistics.median(v), 2) for n, v in c.items()} for s, c in table.items()}
+    print(json.dumps(medians, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--count", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json")
+    parser.add_argument("--profile-main", action="store_true", help="cProfile the launching thread once")
+    parser.add_argument("--api", action="store_true", help="only: CUPTI's cost per CUDA API call, by carrier set")
+    args = parser.parse_args()
+    count = args.count
+
+    import cupy as cp
+
+    import gpuworkbench as gw
+    from gpuworkbench.trace.cupti import CuptiSource
+
+    dev = gw.Device("cuda:0")
+    k = dev.compile(EMPTY, "empty")
+    b = dev.alloc(1, "float32")
+    s = dev.create_stream("launch")
+    raw = cp.RawKernel(EMPTY, "empty")
+    arr = cp.empty(1, cp.float32)
+    raw_stream = cp.cuda.Stream(non_blocking=True)
+
+    def raw_loop() -> None:
+        with raw_stream:
+            for _ in range(count):
+                raw((1,), (32,), (arr,))
+        raw_stream.synchronize()
+
+    def ours() -> None:
+        for _ in range(count):
+            k(1, 32, (b,), stream=s)
+        s.synchronize()
+
+    def raw_cupti(push: bool) -> float:
+        src = CuptiSource()
+        src.start()
+        p, q, kind = src.external_id_calls()
+        flusher = Flusher(src)
+        flusher.start()
+
+        def loop() -> None:
+            with raw_stream:
+                for i in range(count):
+                    if push:
+                        p(kind, i + 1)
+                    raw((1,), (32,), (arr,))
+                    if push:
+                        q(kind)
+            raw_stream.synchronize()
+
+        loop()
+        us = per_launch_us(loop, count)
+        flusher.halt.set()
+        flusher.join()
+        src.stop()
+        src.flush_columns()
+        return us
+
+    def traced(source: str, interval_s: float = 0.05) -> float:
+        key = f"{source}_{interval_s}"
+        with gw.trace(source=source, interval_s=interval_s) as t:
+            ours()
+            cpu0 = t.stats.harvest_cpu_s
+            main_cpu: list[float] = []
+            us = per_launch_us(ours, count, cpu=main_cpu)
+            harvest_cpu = t.stats.harvest_cpu_s - cpu0
+        results.setdefault(f"main_cpu_us_{key}", []).append(statistics.median(main_cpu))
+        results.setdefault(f"harvest_cpu_us_{key}", []).append(harvest_cpu / (3 * count) * 1e6)
+        assert t.wait_pending(60)
+        t._thread.join(10)  # its CUPTI source stops with it: the next variant may start one
+        assert t.stats.lost == 0, t.stats.warnings
+        results.setdefault(f"spans_{key}", []).append(len(t))
+        return us
+
+    if args.api:
+        api_costs(cp, raw, arr, raw_stream, count)
+        return
+
+    printed: set[str] = set()  # profiles print once
+
+    def front_end_only() -> float:
+        """CUPTI trace with no harvest while launching, the event pool filled first: record_op + push/pop + CUPTI."""
+        n = min(count, 4000)  # the event pool keeps 4096 events
+        pool = dev._backend._plain_events
+        events = [cp.cuda.Event(block=False, disable_timing=True) for _ in range(n + 100)]
+        for e in events:
+            pool.give(e)
+
+        def loop() -> None:
+            for _ in range(n):
+                k(1, 32, (b,), stream=s)
+            s.synchronize()
+
+        with gw.trace(source="cupti", interval_s=1000) as t:
+            k(1, 32, (b,), stream=s)
+            cpu: list[float] = []
+            us = per_launch_us(loop, n, repeat=1, cpu=cpu)
+            if args.profile_main and "profiled_main" not in printed:
+                printed.add("profiled_main")
+                for e in events:
+                    pool.give(e)
+                profile = cProfile.Profile()
+                profile.runcall(loop)
+                print("== main thread, traced (front end only)")
+                pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+                profile = cProfile.Profile()
+                t.stop()
+                profile.runcall(loop)
+                print("== main thread, untraced")
+                pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+        results.setdefault("main_cpu_us_front_end_only", []).append(cpu[0])
+        assert t.wait_pending(60)
+        t._thread.join(10)
+        return us
+
+    def profiled() -> float:
+        """One CUPTI-traced run with the harvester's own calls profiled (printed once)."""
+        profile = cProfile.Profile()
+        with gw.trace(source="cupti") as t:
+            harvest = t.harvest
+
+            def wrapped() -> int:
+                profile.enable()
+                try:
+                    return harvest()
+                finally:
+                    profile.disable()
+
+            t.harvest = wrapped
+            ours()
+            us = per_launch_us(ours, count)
+        assert t.wait_pending(60)
+        t._thread.join(10)
+        if "profiled" not in printed:
+            printed.add("profiled")
+            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        return us
+
+    def without_api_records() -> float:
+        """A CUPTI trace with no API-record carriers: does CUPTI still report external ids?"""
+        from gpuworkbench.trace import cupti as cupti_mod
+
+        saved, cupti_mod.API_CARRIER_KINDS = cupti_mod.API_CARRIER_KINDS, ()
+        try:
+            with gw.trace(source="cupti") as t:
+                ours()
+                us = per_launch_us(ours, count)
+            t.wait_pending(20)
+            t._thread.join(10)
+        finally:
+            cupti_mod.API_CARRIER_KINDS = saved
+        results.setdefault("no_api_spans_lost", []).append((len(t), t.stats.lost, t.stats.pending))
+        return us
+
+    def untraced() -> float:
+        cpu: list[float] = []
+        us = per_launch_us(ours, count, cpu=cpu)
+        results.setdefault("main_cpu_us_untraced", []).append(statistics.median(cpu))
+        return us
+
+    variants: dict[str, Callable[[], float]] = {
+        "raw_cupy": lambda: per_launch_us(raw_loop, count),
+        "raw_cupy_cupti_on": lambda: raw_cupti(False),
+        "raw_cupy_cupti_push_pop": lambda: raw_cupti(True),
+        "ours_untraced": untraced,
+        "ours_cupti": lambda: traced("cupti"),
+        "ours_cupti_10ms": lambda: traced("cupti", 0.01),
+        "ours_front_end_only": front_end_only,
+        "profiled": profiled,
+        "ours_cupti_no_api_records": without_api_records,
+        "ours_events": lambda: traced("events"),
+    }
+    results: dict = {"device": dev.name, "count": count, "date": time.strftime("%Y-%m-%d")}
+    raw_loop()
+    ours()
+    for r in range(args.rounds):
+        for name, fn in variants.items():
+            results.setdefault(name, []).append(fn())
+        print(f"round {r}:", {n: round(results[n][-1], 2) for n in variants}, flush=True)
+    summary = {n: statistics.median(results[n]) for n in variants}
+    summary["ratio_cupti"] = statistics.median(np.array(results["ours_cupti"]) / np.array(results["ours_untraced"]))
+    summary["ratio_cupti_10ms"] = statistics.median(
+        np.array(results["ours_cupti_10ms"]) / np.array(results["ours_untraced"])
+    )
+    summary["ratio_events"] = statistics.median(np.array(results["ours_events"]) / np.array(results["ours_untraced"]))
+    for key, values in results.items():
+        if key.startswith(("main_cpu", "harvest_cpu")):
+            summary[key] = statistics.median(values)
+    summary["no_api_spans_lost_pending"] = results.get("no_api_spans_lost")
+    results["median"] = summary
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Attach external correlation ids (our op ids) to CUPTI activity records, as column operations.
+
+CUPTI reports an op's external id in an EXTERNAL_CORRELATION record (correlation id -> external id), separate from the
+kernel / memcpy record that carries only the correlation id; the two may arrive in different flushes. Doing this join
+per record in Python cost about a microsecond a record on the harvester thread, holding the GIL the launching thread
+needs, so it is done here on sorted NumPy arrays: no Python object per record.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_EMPTY = np.empty(0, np.int64)
+
+
+class ExternalIdJoin:
+    """Correlation id -> external id map, and the records still waiting for their entry.
+
+    ``join`` is called once per flush. A record whose correlation id (or, for runtime-API copies, its runtime
+    correlation id) is not in the map yet is held for up to ``hold_flushes`` flushes, then handed out with
+    external id -1. A map entry stays ``keep_flushes`` flushes after a record last used it (a graph launch's
+    kernels share one); entries never used are dropped, oldest first, once more than ``map_max`` are kept.
+    """
+
+    def __init__(self, hold_flushes: int = 2, keep_flushes: int = 16, map_max: int = 1 << 16) -> None:
+        self.hold_flushes, self.keep_flushes, self.map_max = hold_flushes, keep_flushes, map_max
+        self._corr = _EMPTY  # sorted correlation ids
+        self._ext = _EMPTY  # their external ids
+        self._last = _EMPTY  # flush that last used each entry, -1 if none yet
+        self._held: dict[str, np.ndarray] | None = None  # records waiting for their entry, with a "born" column
+        self.flushes = 0
+
+    def __len__(self) -> int:
+        """Map entries kept."""
+        return int(self._corr.size)
+
+    @property
+    def held(self) -> int:
+        """Records waiting for their external id."""
+        return 0 if self._held is None else int(self._held["born"].size)
+
+    def add(self, corr: np.ndarray, ext: np.ndarray) -> None:
+        """Add map entries (a correlation id seen again keeps its newest external id)."""
+        if not corr.size:
+            return
+        corr = np.concatenate([self._corr, np.asarray(corr, np.int64)])
+        ext = np.concatenate([self._ext, np.asarray(ext, np.int64)])
+        last = np.concatenate([self._last, np.full(corr.size - self._last.size, -1, np.int64)])
+        order = np.argsort(corr, kind="stable")
+        corr, ext, last = corr[order], ext[order], last[order]
+        newest = np.append(corr[1:] != corr[:-1], True)  # the last of each run of equal ids
+        self._corr, self._ext, self._last = corr[newest], ext[newest], last[newest]
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(external ids, -1 where absent; positions in the map of the hits)."""
+        if not self._corr.size or not keys.size:
+            return np.full(keys.size, -1, np.int64), _EMPTY
+        pos = np.minimum(np.searchsorted(self._corr, keys), self._corr.size - 1)
+        hit = self._corr[pos] == keys
+        return np.where(hit, self._ext[pos], -1), pos[hit]
+
+    def join(
+        self,
+        cols: dict[str, np.ndarray] | None,
+        corr: np.ndarray = _EMPTY,
+        ext: np.ndarray = _EMPTY,
+        wait: bool = True,
+    ) -> dict[str, np.ndarray] | None:
+        """One flush: add its map entries, join its records (``cols``, with ``correlation_id`` and
+        ``runtime_correlation_id`` columns) and the held ones; return the released records with an
+        ``external_id`` column, ordered by ``start``. ``wait=False`` (the last flush) releases everything."""
+        self.flushes += 1
+        now = self.flushes
+        self.add(corr, ext)
+        records = self._with_held(cols, now)
+        if records is None:
+            self._expire(now)
+            return None
+        ids, used = self.lookup(records["correlation_id"])
+        runtime = records["runtime_correlation_id"]
+        retry = np.flatnonzero((ids < 0) & (runtime != 0))  # copies the runtime API tagged (cudaMemcpy*)
+        if retry.size:
+            again, used_again = self.lookup(runtime[retry])
+            ids[retry] = again
+            used = np.concatenate([used, used_again])
+        self._last[used] = now
+        release = ids >= 0
+        if wait:
+            release |= now - records["born"] >= self.hold_flushes
+        else:
+            release[:] = True
+        self._held = None if release.all() else {k: v[~release] for k, v in records.items()}
+        self._expire(now)
+        if not release.any():
+            return None
+        out = {k: v[release] for k, v in records.items() if k != "born"}
+        out["external_id"] = ids[release]
+        order = np.lexsort((np.arange(out["start"].size), out["start"]))
+        return {k: v[order] for k, v in out.items()}
+
+    def _with_held(self, cols: dict[str, np.ndarray] | None, now: int) -> dict[str, np.ndarray] | None:
+        """This flush's records after the held ones (which are older), each with the flush it arrived in."""
+        fresh = None
+        if cols is not None and cols["start"].size:
+            fresh = dict(cols)
+            fresh["born"] = np.full(cols["start"].size, now, np.int64)
+        held, self._held = self._held, None
+        if held is None or fresh is None:
+            return fresh if held is None else held
+        return {k: np.concatenate([held[k], fresh[k]]) for k in held}
+
+    def _expire(self, now: int) -> None:
+        keep = (self._last < 0) | (now - self._last <= self.keep_flushes)
+        if self._corr.size > self.map_max:  # entries of ops still queued (or never used): keep the newest half
+            keep[: self._corr.size - self.map_max // 2] = False
+        if not keep.all():
+            self._corr, self._ext, self._last = self._corr[keep], self._ext[keep], self._last[keep]
