@@ -7,10 +7,8 @@ Usage: python benchmarks/trace_overhead.py [--count 5000] [--rounds 5] [--json o
 from __future__ import annotations
 
 import argparse
-import cProfile
 import ctypes
 import json
-import pstats
 import statistics
 import threading
 import time
@@ -106,7 +104,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json")
-    parser.add_argument("--profile-main", action="store_true", help="cProfile the launching thread once")
+    parser.add_argument("--phases", action="store_true", help="only: the harvester's CPU per op, by phase")
     parser.add_argument("--api", action="store_true", help="only: CUPTI's cost per CUDA API call, by carrier set")
     args = parser.parse_args()
     count = args.count
@@ -160,8 +158,8 @@ def main() -> None:
         src.flush_columns()
         return us
 
-    def traced(source: str, interval_s: float = 0.05) -> float:
-        key = f"{source}_{interval_s}"
+    def traced(source: str, interval_s: float = 0.05, key: str = "") -> float:
+        key = key or f"{source}_{interval_s}"
         with gw.trace(source=source, interval_s=interval_s) as t:
             ours()
             cpu0 = t.stats.harvest_cpu_s
@@ -180,81 +178,64 @@ def main() -> None:
         api_costs(cp, raw, arr, raw_stream, count)
         return
 
-    printed: set[str] = set()  # profiles print once
-
-    def front_end_only() -> float:
-        """CUPTI trace with no harvest while launching, the event pool filled first: record_op + push/pop + CUPTI."""
-        n = min(count, 4000)  # the event pool keeps 4096 events
-        pool = dev._backend._plain_events
-        events = [cp.cuda.Event(block=False, disable_timing=True) for _ in range(n + 100)]
-        for e in events:
-            pool.give(e)
-
-        def loop() -> None:
-            for _ in range(n):
-                k(1, 32, (b,), stream=s)
-            s.synchronize()
-
-        with gw.trace(source="cupti", interval_s=1000) as t:
-            k(1, 32, (b,), stream=s)
-            cpu: list[float] = []
-            us = per_launch_us(loop, n, repeat=1, cpu=cpu)
-            if args.profile_main and "profiled_main" not in printed:
-                printed.add("profiled_main")
-                for e in events:
-                    pool.give(e)
-                profile = cProfile.Profile()
-                profile.runcall(loop)
-                print("== main thread, traced (front end only)")
-                pstats.Stats(profile).sort_stats("tottime").print_stats(20)
-                profile = cProfile.Profile()
-                t.stop()
-                profile.runcall(loop)
-                print("== main thread, untraced")
-                pstats.Stats(profile).sort_stats("tottime").print_stats(20)
-        results.setdefault("main_cpu_us_front_end_only", []).append(cpu[0])
-        assert t.wait_pending(60)
-        t._thread.join(10)
-        return us
-
-    def profiled() -> float:
-        """One CUPTI-traced run with the harvester's own calls profiled (printed once)."""
-        profile = cProfile.Profile()
-        with gw.trace(source="cupti") as t:
-            harvest = t.harvest
-
-            def wrapped() -> int:
-                profile.enable()
-                try:
-                    return harvest()
-                finally:
-                    profile.disable()
-
-            t.harvest = wrapped
-            ours()
-            us = per_launch_us(ours, count)
-        assert t.wait_pending(60)
-        t._thread.join(10)
-        if "profiled" not in printed:
-            printed.add("profiled")
-            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
-        return us
-
-    def without_api_records() -> float:
-        """A CUPTI trace with no API-record carriers: does CUPTI still report external ids?"""
+    def flush_each() -> float:
+        """The earlier policy: a CUPTI flush at every harvest, 4 MiB buffers."""
         from gpuworkbench.trace import cupti as cupti_mod
 
-        saved, cupti_mod.API_CARRIER_KINDS = cupti_mod.API_CARRIER_KINDS, ()
+        saved = cupti_mod.FLUSH_IDLE_S, cupti_mod.BUFFER_BYTES
+        cupti_mod.FLUSH_IDLE_S, cupti_mod.BUFFER_BYTES = None, 4 << 20
+        try:
+            return traced("cupti", key="flush_each")
+        finally:
+            cupti_mod.FLUSH_IDLE_S, cupti_mod.BUFFER_BYTES = saved
+
+    def phases() -> None:
+        """CPU time per op of each harvester phase, by wrapping them (one traced run)."""
+        from gpuworkbench.trace import cupti as cupti_mod
+        from gpuworkbench.trace import cupti_join, cupti_ops, recorder
+
+        spent: dict[str, float] = {}
+        targets = [
+            (recorder.Trace, "harvest"),
+            (cupti_mod.CuptiSource, "flush_columns"),
+            (cupti_mod.CuptiSource, "_decode"),
+            (cupti_mod._RawCupti, "walk"),
+            (cupti_join.ExternalIdJoin, "join"),
+            (cupti_ops.CuptiOps, "add_records"),
+            (cupti_ops.CuptiOps, "harvest"),
+            (cupti_ops.CuptiOps, "_take_pending"),
+            (recorder._Columns, "extend_columns"),
+        ]
+        saved = []
+        for owner, name in targets:
+            fn = getattr(owner, name)
+            saved.append((owner, name, fn))
+
+            def timed(*a, _fn=fn, _key=f"{owner.__name__}.{name}", **kw):
+                c0 = time.thread_time()
+                try:
+                    return _fn(*a, **kw)
+                finally:
+                    spent[_key] = spent.get(_key, 0.0) + time.thread_time() - c0
+
+            setattr(owner, name, timed)
         try:
             with gw.trace(source="cupti") as t:
                 ours()
-                us = per_launch_us(ours, count)
-            t.wait_pending(20)
+                spent.clear()
+                cpu0 = t.stats.harvest_cpu_s
+                for _ in range(3):
+                    ours()
+                total = t.stats.harvest_cpu_s - cpu0
+            t.wait_pending(60)
             t._thread.join(10)
         finally:
-            cupti_mod.API_CARRIER_KINDS = saved
-        results.setdefault("no_api_spans_lost", []).append((len(t), t.stats.lost, t.stats.pending))
-        return us
+            for owner, name, fn in saved:
+                setattr(owner, name, fn)
+        per_op = {k: round(v / (3 * count) * 1e6, 3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+        per_op["harvester thread total"] = round(total / (3 * count) * 1e6, 3)
+        print("harvester µs of CPU per op, by phase (nested phases are inside their callers):")
+        print(json.dumps(per_op, indent=1))
 
     def untraced() -> float:
         cpu: list[float] = []
@@ -268,29 +249,28 @@ def main() -> None:
         "raw_cupy_cupti_push_pop": lambda: raw_cupti(True),
         "ours_untraced": untraced,
         "ours_cupti": lambda: traced("cupti"),
-        "ours_cupti_10ms": lambda: traced("cupti", 0.01),
-        "ours_front_end_only": front_end_only,
-        "profiled": profiled,
-        "ours_cupti_no_api_records": without_api_records,
+        "ours_cupti_flush_each_4MiB": flush_each,
         "ours_events": lambda: traced("events"),
     }
     results: dict = {"device": dev.name, "count": count, "date": time.strftime("%Y-%m-%d")}
     raw_loop()
     ours()
+    if args.phases:
+        phases()
+        return
     for r in range(args.rounds):
         for name, fn in variants.items():
             results.setdefault(name, []).append(fn())
         print(f"round {r}:", {n: round(results[n][-1], 2) for n in variants}, flush=True)
     summary = {n: statistics.median(results[n]) for n in variants}
     summary["ratio_cupti"] = statistics.median(np.array(results["ours_cupti"]) / np.array(results["ours_untraced"]))
-    summary["ratio_cupti_10ms"] = statistics.median(
-        np.array(results["ours_cupti_10ms"]) / np.array(results["ours_untraced"])
+    summary["ratio_cupti_flush_each"] = statistics.median(
+        np.array(results["ours_cupti_flush_each_4MiB"]) / np.array(results["ours_untraced"])
     )
     summary["ratio_events"] = statistics.median(np.array(results["ours_events"]) / np.array(results["ours_untraced"]))
     for key, values in results.items():
         if key.startswith(("main_cpu", "harvest_cpu")):
             summary[key] = statistics.median(values)
-    summary["no_api_spans_lost_pending"] = results.get("no_api_spans_lost")
     results["median"] = summary
     print(json.dumps(summary, indent=1))
     if args.json:

@@ -44,8 +44,15 @@ _API_PREFIXES: dict[str, tuple[str, ...]] = {
     "driver": ("cuLaunch", "cuMemcpy", "cuMemset", "cuGraphLaunch"),
     "runtime": ("cudaLaunch", "cudaMemcpy", "cudaMemset", "cudaGraphLaunch"),
 }
-#: Size of each activity buffer handed to CUPTI (a kernel record is a few hundred bytes).
-BUFFER_BYTES = 4 << 20
+#: Size of each activity buffer handed to CUPTI (a launch costs ~270 bytes of records: kernel, API, external id).
+#: Small enough that CUPTI hands full buffers back by itself every few ms of busy launching.
+BUFFER_BYTES = 512 << 10
+#: ``flush_columns`` asks CUPTI to flush only when no buffer has come back for this long (a flush holds CUPTI's
+#: locks for a millisecond or more, stalling launches on other threads: measured on an H200, flushing every 10 ms
+#: made each traced launch several µs slower). None: flush on every call.
+FLUSH_IDLE_S: float | None = 0.05
+#: ... and at least this often, for records left in a buffer that is not full (another thread's, say).
+FLUSH_MAX_S = 0.5
 #: Empty buffers kept for reuse once CUPTI hands them back; more are freed.
 POOL_MAX = 8
 #: Flushes an activity record waits for its external id before it is handed out with ``external_id`` -1.
@@ -137,6 +144,7 @@ _COMPLETE_FN = ctypes.CFUNCTYPE(
 
 # Numeric span columns decoded per struct, in the order of the record dict's keys that come from them.
 _SPAN_FIELDS: tuple[str, ...] = ("start", "end", "bytes", "name", "pinned", "stream_id", "device_id", "correlation_id")
+_TIME_FIELDS: tuple[str, ...] = ("start", "end", "correlation_id")
 
 _NONE = np.empty(0, np.int64)
 _STATE_LOCK = threading.Lock()
@@ -380,6 +388,7 @@ class CuptiSource:
         self._lock = threading.Lock()  # guards _incoming (appended on CUPTI's thread)
         self._flush_lock = threading.Lock()  # serializes flush() and guards the join state below
         self._incoming: list[bytes] = []
+        self._delivered = self._flushed = 0.0  # monotonic times of the last buffer handed back, the last flush
         self._joiner = ExternalIdJoin(HOLD_FLUSHES, EXT_KEEP_FLUSHES, EXT_MAP_MAX)
         self._pushed = False
         self._push: Any = None
@@ -495,13 +504,23 @@ class CuptiSource:
 
     # -- records -----------------------------------------------------------------------------------------------
 
-    def flush_columns(self) -> dict[str, np.ndarray] | None:
-        """Non-forced CUPTI flush, then every record completed since the last call as columns, ordered by ``start``.
+    def flush_columns(self, eager: bool = False, full: bool = True) -> dict[str, np.ndarray] | None:
+        """Every record handed back since the last call, as columns (ordered by ``start`` if ``full``), after a CUPTI
+        flush if one is due (see ``FLUSH_IDLE_S``; ``eager``: always, e.g. once no more launches are traced).
 
         Columns: kind (str), start, end (CUPTI ns), external_id (-1: none), bytes, name, pinned (-1/0/1),
-        stream_id, device_id, correlation_id, runtime_correlation_id; None when nothing completed."""
+        stream_id, device_id, correlation_id, runtime_correlation_id; None when nothing completed. ``full=False``:
+        only start, end, external_id and the two correlation ids (cheaper; what a trace needs)."""
         with self._flush_lock:
-            if self._running and self._raw is not None:
+            now = time.monotonic()
+            due = (
+                eager
+                or FLUSH_IDLE_S is None
+                or now - max(self._delivered, self._flushed) >= FLUSH_IDLE_S
+                or now - self._flushed >= FLUSH_MAX_S
+            )
+            if due and self._running and self._raw is not None:
+                self._flushed = now
                 status = self._raw.flush_all(0)
                 if status:
                     self.callback_errors += 1
@@ -509,17 +528,17 @@ class CuptiSource:
             with self._lock:
                 buffers, self._incoming = self._incoming, []
             try:
-                cols, ext = self._decode(buffers)
+                cols, ext = self._decode(buffers, full)
             except Exception as exc:  # noqa: BLE001  a bad buffer must not stop the harvester
                 self.callback_errors += 1
                 self.last_callback_error = f"decode: {type(exc).__name__}: {exc}"
                 cols, ext = None, (_NONE, _NONE)
-            return self._joiner.join(cols, *ext, wait=self._pushed and self._running)
+            return self._joiner.join(cols, *ext, wait=self._pushed and self._running, ordered=full)
 
     def flush(self) -> list[dict[str, Any]]:
         """``flush_columns()`` as one dict per record (kind, start_ns, end_ns, external_id, bytes, name, pinned,
         cupti_stream, device): for diagnostics; the trace uses the columns."""
-        cols = self.flush_columns()
+        cols = self.flush_columns(eager=True)
         return [] if cols is None else _span_dicts(cols)
 
     def clock_sample(self) -> tuple[int, int, int]:
@@ -614,9 +633,13 @@ class CuptiSource:
         """Buffer-completed callback body: keep the copied bytes for the next flush (nothing decoded here)."""
         with self._lock:
             self._incoming.append(data)
+        self._delivered = time.monotonic()
 
-    def _decode(self, buffers: list[bytes]) -> tuple[dict[str, np.ndarray] | None, tuple[np.ndarray, np.ndarray]]:
-        """Span columns (in buffer order) and this flush's (correlation ids, external ids)."""
+    def _decode(
+        self, buffers: list[bytes], full: bool = True
+    ) -> tuple[dict[str, np.ndarray] | None, tuple[np.ndarray, np.ndarray]]:
+        """Span columns (in buffer order) and this flush's (correlation ids, external ids); only times and ids
+        unless ``full``."""
         raw = self._raw
         if not buffers or raw is None:
             return None, (_NONE, _NONE)
@@ -665,55 +688,84 @@ class CuptiSource:
                 column(ext_rows, "ext", "external_id")[mine].astype(np.int64),
             )
 
-        groups: list[tuple[np.ndarray, ...]] = []  # (row, kind, *_SPAN_FIELDS, runtime_correlation_id) per struct
+        # Per struct: row, [kind,] the wanted fields, runtime_correlation_id. ``full=False`` (the trace's harvester)
+        # reads only times and ids: the op already knows its kind, name, bytes and stream.
+        wanted = _SPAN_FIELDS if full else _TIME_FIELDS
+        groups: list[tuple[np.ndarray, ...]] = []
 
-        def add_group(rows: np.ndarray, struct: str, kind: np.ndarray, **given: np.ndarray) -> None:
-            cols = [given[f] if f in given else column(rows, struct, f).astype(np.int64) for f in _SPAN_FIELDS]
-            runtime = given.get("runtime_correlation_id", np.zeros(rows.size, np.int64))
-            groups.append((rows, kind, *cols, runtime))
+        def add_group(rows: np.ndarray, struct: str, kind: Any, **given: Any) -> None:
+            cols = [column(rows, struct, f).astype(np.int64) if f not in given else given[f]() for f in wanted]
+            runtime = given["runtime_correlation_id"]() if "runtime_correlation_id" in given else None
+            if runtime is None:
+                runtime = np.zeros(rows.size, np.int64)
+            groups.append((rows, *([kind()] if full else []), *cols, runtime))
 
         kernel_rows = at[np.isin(kinds, self._k_kernels)]
         if kernel_rows.size:
             n = kernel_rows.size
-            names = np.full(n, "", dtype=object)
-            if self._read_names and any(k in raw.size_mismatch for k in self._k_kernels):
-                self._read_names = False  # another struct version than the dtype: the name offset is not trusted
-                self.layout_notes.append(f"kernel names not read: record sizes {raw.size_mismatch} differ")
-            if self._read_names:
-                pointers = column(kernel_rows, "kernel", "name")
-                unique, inverse = np.unique(pointers, return_inverse=True)
-                names = np.array([self._kernel_name(p) for p in unique.tolist()], dtype=object)[inverse.ravel()]
-            kind = np.full(n, "kernel", dtype=object)
-            add_group(kernel_rows, "kernel", kind, bytes=np.zeros(n, np.int64), name=names, pinned=np.full(n, -1))
+            add_group(
+                kernel_rows,
+                "kernel",
+                lambda: np.full(n, "kernel", dtype=object),
+                bytes=lambda: np.zeros(n, np.int64),
+                name=lambda: self._kernel_names(kernel_rows, column),
+                pinned=lambda: np.full(n, -1),
+            )
         memcpy_rows = at[kinds == self._k_memcpy]
         if memcpy_rows.size:
             n = memcpy_rows.size
             copy_kind = column(memcpy_rows, "memcpy", "copy_kind").astype(np.int64) & 255
-            pinned = np.full(n, -1, np.int64)
-            from_host = np.isin(copy_kind, self._host_src)
-            to_host = np.isin(copy_kind, self._host_dst)
-            src_kind = column(memcpy_rows, "memcpy", "src_kind").astype(np.int64) & 255
-            dst_kind = column(memcpy_rows, "memcpy", "dst_kind").astype(np.int64) & 255
-            pinned[from_host] = self._pinned_of[src_kind[from_host]]
-            pinned[to_host] = self._pinned_of[dst_kind[to_host]]
-            runtime = column(memcpy_rows, "memcpy", "runtime_correlation_id").astype(np.int64)
-            names = np.full(n, "", dtype=object)
-            kind = self._copy_names[copy_kind]
-            add_group(memcpy_rows, "memcpy", kind, name=names, pinned=pinned, runtime_correlation_id=runtime)
+            add_group(
+                memcpy_rows,
+                "memcpy",
+                lambda: self._copy_names[copy_kind],
+                name=lambda: np.full(n, "", dtype=object),
+                pinned=lambda: self._pinned_column(memcpy_rows, copy_kind, column),
+                runtime_correlation_id=lambda: column(memcpy_rows, "memcpy", "runtime_correlation_id").astype(np.int64),
+            )
         memset_rows = at[kinds == self._k_memset]
         if memset_rows.size:
             n = memset_rows.size
-            kind = np.full(n, "memset", dtype=object)
-            add_group(memset_rows, "memset", kind, name=np.full(n, "", dtype=object), pinned=np.full(n, -1))
+            add_group(
+                memset_rows,
+                "memset",
+                lambda: np.full(n, "memset", dtype=object),
+                name=lambda: np.full(n, "", dtype=object),
+                pinned=lambda: np.full(n, -1),
+            )
         if not groups:
             return None, ext
-        names = ("row", "kind", *_SPAN_FIELDS, "runtime_correlation_id")
+        names = ("row", *(["kind"] if full else []), *wanted, "runtime_correlation_id")
         cols = dict(zip(names, groups[0] if len(groups) == 1 else map(np.concatenate, zip(*groups))))
         start, end = cols["start"], cols["end"]
         keep = np.flatnonzero((start > 0) & (end >= start))
         self.incomplete_records += start.size - keep.size
-        keep = keep[np.argsort(cols["row"][keep], kind="stable")]
+        if len(groups) > 1:
+            keep = keep[np.argsort(cols["row"][keep], kind="stable")]
         return {name: col[keep] for name, col in cols.items() if name != "row"}, ext
+
+    def _kernel_names(self, rows: np.ndarray, column: Any) -> np.ndarray:
+        """Kernel names of the kernel records at ``rows`` (read once per distinct pointer)."""
+        raw = self._raw
+        if self._read_names and raw is not None and any(k in raw.size_mismatch for k in self._k_kernels):
+            self._read_names = False  # another struct version than the dtype: the name offset is not trusted
+            self.layout_notes.append(f"kernel names not read: record sizes {raw.size_mismatch} differ")
+        if not self._read_names:
+            return np.full(rows.size, "", dtype=object)
+        pointers = column(rows, "kernel", "name")
+        unique, inverse = np.unique(pointers, return_inverse=True)
+        return np.array([self._kernel_name(p) for p in unique.tolist()], dtype=object)[inverse.ravel()]
+
+    def _pinned_column(self, rows: np.ndarray, copy_kind: np.ndarray, column: Any) -> np.ndarray:
+        """1 / 0 where a host-side copy's host memory is pinned / pageable, -1 for device-side copies."""
+        pinned = np.full(rows.size, -1, np.int64)
+        from_host = np.isin(copy_kind, self._host_src)
+        to_host = np.isin(copy_kind, self._host_dst)
+        src_kind = column(rows, "memcpy", "src_kind").astype(np.int64) & 255
+        dst_kind = column(rows, "memcpy", "dst_kind").astype(np.int64) & 255
+        pinned[from_host] = self._pinned_of[src_kind[from_host]]
+        pinned[to_host] = self._pinned_of[dst_kind[to_host]]
+        return pinned
 
     @staticmethod
     def _kernel_name(pointer: int) -> str:

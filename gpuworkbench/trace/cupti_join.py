@@ -65,10 +65,12 @@ class ExternalIdJoin:
         corr: np.ndarray = _EMPTY,
         ext: np.ndarray = _EMPTY,
         wait: bool = True,
+        ordered: bool = True,
     ) -> dict[str, np.ndarray] | None:
         """One flush: add its map entries, join its records (``cols``, with ``correlation_id`` and
         ``runtime_correlation_id`` columns) and the held ones; return the released records with an
-        ``external_id`` column, ordered by ``start``. ``wait=False`` (the last flush) releases everything."""
+        ``external_id`` column, ordered by ``start`` if ``ordered``. ``wait=False`` (the last flush) releases
+        everything."""
         self.flushes += 1
         now = self.flushes
         self.add(corr, ext)
@@ -95,6 +97,8 @@ class ExternalIdJoin:
             return None
         out = {k: v[release] for k, v in records.items() if k != "born"}
         out["external_id"] = ids[release]
+        if not ordered:
+            return out
         order = np.lexsort((np.arange(out["start"].size), out["start"]))
         return {k: v[order] for k, v in out.items()}
 
@@ -107,7 +111,7 @@ class ExternalIdJoin:
         held, self._held = self._held, None
         if held is None or fresh is None:
             return fresh if held is None else held
-        return {k: np.concatenate([held[k], fresh[k]]) for k in held}
+        return {k: np.concatenate([held[k], fresh[k]]) for k in held if k in fresh}
 
     def _expire(self, now: int) -> None:
         keep = (self._last < 0) | (now - self._last <= self.keep_flushes)

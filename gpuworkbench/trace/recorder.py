@@ -396,7 +396,7 @@ class Trace:
         cupti_rows = None
         ops = self._cupti_ops
         if self._cupti is not None:
-            ops.add_records(self._cupti.flush_columns(), cycle)
+            ops.add_records(self._cupti.flush_columns(eager=not self.recording, full=False), cycle)
             if len(ops):
                 lost = ops.lost
                 cupti_rows = ops.harvest(cycle, np.array([offsets[n] for n in range(len(offsets))], np.int64))
