@@ -73,9 +73,9 @@ class CallbackTimer:
             self._keep -= len(data)
             self.buffers.append(data)
 
-    def _decode(self, buffers: list[bytes]) -> Any:
+    def _decode(self, buffers: list[bytes], full: bool = True) -> Any:
         t0 = time.perf_counter_ns()
-        out = self._orig_decode(buffers)
+        out = self._orig_decode(buffers, full)
         self.decodes.append((time.perf_counter_ns() - t0, 0 if out[0] is None else out[0]["start"].size))
         return out
 

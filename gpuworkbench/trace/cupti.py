@@ -51,8 +51,8 @@ BUFFER_BYTES = 512 << 10
 #: locks for a millisecond or more, stalling launches on other threads: measured on an H200, flushing every 10 ms
 #: made each traced launch several µs slower). None: flush on every call.
 FLUSH_IDLE_S: float | None = 0.05
-#: ... and at least this often, for records left in a buffer that is not full (another thread's, say).
-FLUSH_MAX_S = 0.5
+#: ... and at least this often (10 Hz, what a live view needs), for records left in a buffer that is not full.
+FLUSH_MAX_S = 0.1
 #: Empty buffers kept for reuse once CUPTI hands them back; more are freed.
 POOL_MAX = 8
 #: Flushes an activity record waits for its external id before it is handed out with ``external_id`` -1.
