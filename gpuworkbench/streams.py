@@ -192,7 +192,40 @@ class StreamAssignment(Enum):
     LEAST_PENDING = "least_pending"
 
 
-class StreamPool:
+class _StreamGroup:
+    """Streams created together and released together (the common part of StreamPool and StreamSet)."""
+
+    streams: list[Stream]
+    label: str
+    _closed = False
+
+    def synchronize_all(self) -> None:
+        """Block the host until every stream of the group is empty."""
+        for s in self.streams:
+            s.synchronize()
+
+    def close(self) -> None:
+        """Wait for the group's work and release its streams; using the group afterwards raises. Idempotent."""
+        self._closed = True
+        failure: BaseException | None = None
+        for s in self.streams:
+            try:
+                s.close()
+            except Exception as exc:  # noqa: BLE001 - release every stream, then report the first failure
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidArgument(f"{type(self).__name__} {self.label!r} is closed")
+
+
+class StreamPool(_StreamGroup):
     """A fixed set of streams handed out by a rule; ``acquire()`` is a guard whose lease ends on exit."""
 
     def __init__(
@@ -206,7 +239,7 @@ class StreamPool:
             raise InvalidArgument(f"a stream pool needs at least one stream, got size={size!r}")
         if not isinstance(assignment, StreamAssignment):
             raise InvalidArgument(f"assignment must be a StreamAssignment, not {assignment!r}")
-        self.device, self.assignment = device, assignment
+        self.device, self.assignment, self.label = device, assignment, label
         self.streams = [device.create_stream(f"{label}-{i}") for i in range(size)]
         self._leases = [0] * size
         self._next = 0
@@ -229,12 +262,14 @@ class StreamPool:
 
     def next(self) -> Stream:
         """The next stream by the pool's rule, without a lease."""
+        self._check_open()
         with self._lock:
             return self.streams[self._pick()]
 
     @contextmanager
     def acquire(self) -> Iterator[Stream]:
         """Lease a stream by the pool's rule for the ``with`` block; its lease count drops on exit."""
+        self._check_open()
         with self._lock:
             i = self._pick()
             self._leases[i] += 1
@@ -244,23 +279,19 @@ class StreamPool:
             with self._lock:
                 self._leases[i] -= 1
 
-    def synchronize_all(self) -> None:
-        """Block the host until every stream of the pool is empty."""
-        for s in self.streams:
-            s.synchronize()
 
-
-class StreamSet:
+class StreamSet(_StreamGroup):
     """``depth`` streams addressed by index modulo depth: ``get(i)`` is stream ``i % depth``."""
 
     def __init__(self, device: Device, depth: int, label: str = "set") -> None:
         if not isinstance(depth, int) or depth < 1:
             raise InvalidArgument(f"a stream set needs depth >= 1, got {depth!r}")
-        self.device, self.depth = device, depth
+        self.device, self.depth, self.label = device, depth, label
         self.streams = [device.create_stream(f"{label}-{i}") for i in range(depth)]
 
     def get(self, i: int) -> Stream:
         """Stream ``i % depth``."""
+        self._check_open()
         return self.streams[i % self.depth]
 
     def __len__(self) -> int:
@@ -268,8 +299,3 @@ class StreamSet:
 
     def __iter__(self) -> Iterator[Stream]:
         return iter(self.streams)
-
-    def synchronize_all(self) -> None:
-        """Block the host until every stream of the set is empty."""
-        for s in self.streams:
-            s.synchronize()

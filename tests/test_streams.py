@@ -241,3 +241,25 @@ def test_stream_set_synchronize_all(device):
     assert all(np.array_equal(o, d) for o, d in zip(outs, data))
     for b in bufs:
         b.free()
+
+
+@pytest.mark.parametrize("group", ["pool", "set"])
+def test_closing_a_group_finishes_its_work_and_releases_its_streams(device, group):
+    make = {"pool": lambda: device.stream_pool(3, label="g"), "set": lambda: device.stream_set(3, label="g")}
+    g = make[group]()
+    data = sample(5000, "float32")
+    out = np.empty_like(data)
+    with device.alloc(5000) as buf:
+        first = g.streams[0]
+        buf.copy_from_host_async(data, first)
+        buf.copy_to_host_async(out, first)
+        labels_before = set(device._stream_labels().values())
+        g.close()
+        assert np.array_equal(out, data)  # close waited for the work
+    assert g.closed and all(s.closed for s in g.streams)
+    assert {"g-0", "g-1", "g-2"} <= labels_before
+    assert not {"g-0", "g-1", "g-2"} & set(device._stream_labels().values())
+    use = {"pool": lambda: g.next(), "set": lambda: g.get(0)}[group]
+    with pytest.raises(gw.InvalidArgument, match="'g' is closed"):
+        use()
+    g.close()  # idempotent
