@@ -119,34 +119,24 @@ class Buffer:
     def copy_from_host_async(self, host: np.ndarray, stream: Stream, name: str | None = None) -> Event:
         """Enqueue host → device on ``stream``; ``host`` is kept alive until done. Returns at once for pinned
         memory; pageable memory is staged by the backend and the call returns once it is staged."""
-        handle = self._check()
-        host = self._check_host(host, writable=False, asynchronous=True)
-        stream = self._stream(stream)
-        backend = self.device._backend
-        event = stream._enqueue(
-            "h2d",
-            self.size_bytes,
-            name or f"h2d {_fmt_bytes(self.size_bytes)}",
-            self._pinned_flag(host),
-            lambda timed: backend.copy_h2d(handle, 0, host, stream._raw, timed),
-            keep=host,
-        )
-        self._touch(event.stream.id, event._completion)
-        return event
+        return self._host_copy_async("h2d", host, stream, name)
 
     def copy_to_host_async(self, host: np.ndarray, stream: Stream, name: str | None = None) -> Event:
         """Enqueue device → host into ``host`` on ``stream``; read ``host`` only after the Event is done."""
+        return self._host_copy_async("d2h", host, stream, name)
+
+    def _host_copy_async(self, kind: str, host: np.ndarray, stream: Stream, name: str | None) -> Event:
         handle = self._check()
-        host = self._check_host(host, writable=True, asynchronous=True)
+        host = self._check_host(host, writable=kind == "d2h", asynchronous=True)
         stream = self._stream(stream)
         backend = self.device._backend
+        if kind == "h2d":
+            call = lambda timed: backend.copy_h2d(handle, 0, host, stream._raw, timed)  # noqa: E731
+        else:
+            call = lambda timed: backend.copy_d2h(host, handle, 0, stream._raw, timed)  # noqa: E731
+        nbytes = self.size_bytes
         event = stream._enqueue(
-            "d2h",
-            self.size_bytes,
-            name or f"d2h {_fmt_bytes(self.size_bytes)}",
-            self._pinned_flag(host),
-            lambda timed: backend.copy_d2h(host, handle, 0, stream._raw, timed),
-            keep=host,
+            kind, nbytes, name or f"{kind} {_fmt_bytes(nbytes)}", self._pinned_flag(host), call, keep=host
         )
         self._touch(event.stream.id, event._completion)
         return event

@@ -198,3 +198,37 @@ def test_spans_against_ground_truth(dev, source, record_property):
         assert max(copy_err) < 0.05, f"copy durations must match bytes / bandwidth within 5 %: {copy_err}"
     for buf in bufs:
         buf.free()
+
+
+def test_a_staged_pageable_copy_is_one_whole_span_under_cupti(dev):
+    """A pageable copy runs as many chunk copies: the span must cover all of them, not the first few."""
+    nbytes = 256 << 20
+    host = np.ones(nbytes // 4, np.float32)  # pageable
+    with dev.alloc(nbytes // 4) as buf:
+        buf.copy_from_host(host)  # warm the staging buffers
+        try:
+            t = gw.trace(source="cupti").start()
+        except RuntimeError as exc:
+            pytest.skip(str(exc))
+        with t:
+            buf.copy_from_host_async(host, dev.default_stream, name="staged").wait()
+        spans = [s for s in t.spans if s.kind == "h2d"]
+    assert [s.name for s in spans] == ["staged"] and spans[0].pinned == 0
+    # Faster than 60 GB/s would be faster than the link: a span of only some of the chunks.
+    assert spans[0].duration_ns >= nbytes / 60e9 * 1e9, spans[0]
+    assert t.stats.lost == 0 and t.stats.pending == 0
+
+
+def test_a_trace_right_after_another_gets_cupti_too(dev):
+    """CUPTI serves one trace at a time; a stopped trace hands it over instead of the next falling back to events."""
+    spin = dev.compile(SPIN, "spin")
+    s = dev.create_stream("handover")
+    sources = []
+    for i in range(3):
+        with gw.trace() as t:
+            spin(1, 1, (np.uint64(20_000_000),), stream=s, name=f"spin-{i}")  # still running as the trace stops
+        sources.append(t.devices[0].source)
+    s.synchronize()
+    assert sources == ["cupti"] * 3, sources
+    assert t.wait_pending(10) and [sp.name for sp in t.spans if sp.kind == "kernel"] == ["spin-2"]
+    s.close()

@@ -185,6 +185,22 @@ def test_exiting_the_trace_never_waits_for_pending_ops(cpu):
     s.close()
 
 
+def test_a_stopped_trace_drains_its_last_ops_at_a_gentle_pace(cpu):
+    """Once stopped, the harvester polls the ops still running every ~10 ms (not in a busy loop); it says its CPU."""
+    with Gate(cpu) as gate:
+        s = cpu.create_stream("held")
+        with gw.trace() as t:
+            gate.close_on(s)
+        cycles = t.stats.harvest_cycles
+        time.sleep(0.3)
+        polled = t.stats.harvest_cycles - cycles
+        assert 5 <= polled <= 60, f"{polled} harvests in 0.3 s while one op was pending"
+        gate.open()
+    assert t.wait_pending(10) and t.stats.pending == 0
+    assert 0 < t.stats.harvest_cpu_s < 0.3
+    s.close()
+
+
 def test_tracing_while_a_stream_is_blocked_does_not_block_other_streams(cpu):
     with Gate(cpu) as gate:
         blocked, free = cpu.create_stream("blocked"), cpu.create_stream("free")

@@ -688,54 +688,46 @@ class CuptiSource:
                 column(ext_rows, "ext", "external_id")[mine].astype(np.int64),
             )
 
-        # Per struct: row, [kind,] the wanted fields, runtime_correlation_id. ``full=False`` (the trace's harvester)
-        # reads only times and ids: the op already knows its kind, name, bytes and stream.
-        wanted = _SPAN_FIELDS if full else _TIME_FIELDS
+        # Per struct: row, the wanted fields, runtime_correlation_id. ``full=False`` (the trace's harvester) reads
+        # only times and ids: the op already knows its kind, name, bytes and stream.
+        wanted = ("kind", *_SPAN_FIELDS) if full else _TIME_FIELDS
         groups: list[tuple[np.ndarray, ...]] = []
 
-        def add_group(rows: np.ndarray, struct: str, kind: Any, **given: Any) -> None:
-            cols = [column(rows, struct, f).astype(np.int64) if f not in given else given[f]() for f in wanted]
-            runtime = given["runtime_correlation_id"]() if "runtime_correlation_id" in given else None
-            if runtime is None:
-                runtime = np.zeros(rows.size, np.int64)
-            groups.append((rows, *([kind()] if full else []), *cols, runtime))
+        def add_group(rows: np.ndarray, struct: str, runtime: np.ndarray | None = None, **given: Any) -> None:
+            cols = [given[f] if f in given else column(rows, struct, f).astype(np.int64) for f in wanted]
+            groups.append((rows, *cols, np.zeros(rows.size, np.int64) if runtime is None else runtime))
+
+        def blank(n: int, kind: str) -> dict[str, np.ndarray]:
+            kind_col, name_col = np.full(n, kind, dtype=object), np.full(n, "", dtype=object)
+            return {"kind": kind_col, "name": name_col, "pinned": np.full(n, -1)}
 
         kernel_rows = at[np.isin(kinds, self._k_kernels)]
         if kernel_rows.size:
             n = kernel_rows.size
-            add_group(
-                kernel_rows,
-                "kernel",
-                lambda: np.full(n, "kernel", dtype=object),
-                bytes=lambda: np.zeros(n, np.int64),
-                name=lambda: self._kernel_names(kernel_rows, column),
-                pinned=lambda: np.full(n, -1),
-            )
+            given = {}
+            if full:
+                given = blank(n, "kernel") | {
+                    "bytes": np.zeros(n, np.int64),
+                    "name": self._kernel_names(kernel_rows, column),
+                }
+            add_group(kernel_rows, "kernel", **given)
         memcpy_rows = at[kinds == self._k_memcpy]
         if memcpy_rows.size:
-            n = memcpy_rows.size
-            copy_kind = column(memcpy_rows, "memcpy", "copy_kind").astype(np.int64) & 255
-            add_group(
-                memcpy_rows,
-                "memcpy",
-                lambda: self._copy_names[copy_kind],
-                name=lambda: np.full(n, "", dtype=object),
-                pinned=lambda: self._pinned_column(memcpy_rows, copy_kind, column),
-                runtime_correlation_id=lambda: column(memcpy_rows, "memcpy", "runtime_correlation_id").astype(np.int64),
-            )
+            runtime = column(memcpy_rows, "memcpy", "runtime_correlation_id").astype(np.int64)
+            given = {}
+            if full:
+                copy_kind = column(memcpy_rows, "memcpy", "copy_kind").astype(np.int64) & 255
+                given = blank(memcpy_rows.size, "") | {
+                    "kind": self._copy_names[copy_kind],
+                    "pinned": self._pinned_column(memcpy_rows, copy_kind, column),
+                }
+            add_group(memcpy_rows, "memcpy", runtime, **given)
         memset_rows = at[kinds == self._k_memset]
         if memset_rows.size:
-            n = memset_rows.size
-            add_group(
-                memset_rows,
-                "memset",
-                lambda: np.full(n, "memset", dtype=object),
-                name=lambda: np.full(n, "", dtype=object),
-                pinned=lambda: np.full(n, -1),
-            )
+            add_group(memset_rows, "memset", **(blank(memset_rows.size, "memset") if full else {}))
         if not groups:
             return None, ext
-        names = ("row", *(["kind"] if full else []), *wanted, "runtime_correlation_id")
+        names = ("row", *wanted, "runtime_correlation_id")
         cols = dict(zip(names, groups[0] if len(groups) == 1 else map(np.concatenate, zip(*groups))))
         start, end = cols["start"], cols["end"]
         keep = np.flatnonzero((start > 0) & (end >= start))
