@@ -132,7 +132,7 @@ def walk_check(diag: CallbackTimer) -> None:
         mine = raw.walk(data)
         theirs = raw.walk_cupti(data)
         records += len(theirs)
-        bad += mine != theirs
+        bad += mine.tolist() != theirs
     print(
         f"walk check: {len(diag.buffers)} buffers, {records} records: our walk == cuptiActivityGetNextRecord in "
         f"{len(diag.buffers) - bad}/{len(diag.buffers)} buffers -> ok: {bad == 0}"

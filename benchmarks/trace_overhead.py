@@ -12,6 +12,7 @@ import json
 import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -32,14 +33,20 @@ def per_launch_us(loop: Callable[[], None], count: int, repeat: int = 3, cpu: li
 
 
 class Flusher(threading.Thread):
-    """Flushes a bare CuptiSource every 10 ms, as the trace's harvester would (without our join)."""
+    """Flushes a bare CuptiSource every 10 ms, as the trace's harvester would (without our join); ``bare``: only
+    CUPTI's flush, the buffers dropped undecoded (what a consumer costing no Python would leave)."""
 
-    def __init__(self, src) -> None:
+    def __init__(self, src, bare: bool = False) -> None:
         super().__init__(daemon=True)
-        self.src, self.halt, self.records = src, threading.Event(), 0
+        self.src, self.halt, self.records, self.bare = src, threading.Event(), 0, bare
 
     def run(self) -> None:
         while not self.halt.wait(0.01):
+            if self.bare:
+                self.src._raw.flush_all(0)
+                with self.src._lock:
+                    self.src._incoming = []
+                continue
             cols = self.src.flush_columns()
             self.records += 0 if cols is None else cols["start"].size
 
@@ -106,6 +113,9 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--phases", action="store_true", help="only: the harvester's CPU per op, by phase")
     parser.add_argument("--api", action="store_true", help="only: CUPTI's cost per CUDA API call, by carrier set")
+    parser.add_argument(
+        "--bounds", action="store_true", help="only: ours untraced, with bare CUPTI on, traced without harvests, traced"
+    )
     args = parser.parse_args()
     count = args.count
 
@@ -133,11 +143,11 @@ def main() -> None:
             k(1, 32, (b,), stream=s)
         s.synchronize()
 
-    def raw_cupti(push: bool) -> float:
+    def raw_cupti(push: bool, bare: bool = False) -> float:
         src = CuptiSource()
         src.start()
         p, q, kind = src.external_id_calls()
-        flusher = Flusher(src)
+        flusher = Flusher(src, bare)
         flusher.start()
 
         def loop() -> None:
@@ -203,7 +213,7 @@ def main() -> None:
             (cupti_join.ExternalIdJoin, "join"),
             (cupti_ops.CuptiOps, "add_records"),
             (cupti_ops.CuptiOps, "harvest"),
-            (cupti_ops.CuptiOps, "_take_pending"),
+            (cupti_ops.CuptiOps, "_take_rows"),
             (recorder._Columns, "extend_columns"),
         ]
         saved = []
@@ -237,6 +247,16 @@ def main() -> None:
         print("harvester µs of CPU per op, by phase (nested phases are inside their callers):")
         print(json.dumps(per_op, indent=1))
 
+    def bare_cupti() -> float:
+        """Our untraced launches while a CuptiSource records (no external ids, nothing flushed until the end)."""
+        src = CuptiSource()
+        src.start()
+        try:
+            return per_launch_us(ours, count)
+        finally:
+            src.stop()
+            src.flush_columns()
+
     def untraced() -> float:
         cpu: list[float] = []
         us = per_launch_us(ours, count, cpu=cpu)
@@ -247,11 +267,43 @@ def main() -> None:
         "raw_cupy": lambda: per_launch_us(raw_loop, count),
         "raw_cupy_cupti_on": lambda: raw_cupti(False),
         "raw_cupy_cupti_push_pop": lambda: raw_cupti(True),
+        "raw_cupy_cupti_push_pop_bare_flush": lambda: raw_cupti(True, bare=True),
         "ours_untraced": untraced,
         "ours_cupti": lambda: traced("cupti"),
         "ours_cupti_flush_each_4MiB": flush_each,
         "ours_events": lambda: traced("events"),
     }
+    pools = dev._backend._pools
+
+    def big_pool(fn: Callable[[], float]) -> float:
+        """``fn`` with event pools that keep 64 Ki free events instead of 4 Ki (does the trace churn events?)."""
+        saved = [p._free for p in pools]
+        for p in pools:
+            p._free = deque(p._free, maxlen=1 << 16)
+        try:
+            return fn()
+        finally:
+            for p, free in zip(pools, saved):
+                p._free = free
+
+    def counted(name: str, fn: Callable[[], float]) -> Callable[[], float]:
+        def run() -> float:
+            before = sum(p.created for p in pools)
+            us = fn()
+            results.setdefault(f"events_created_{name}", []).append(sum(p.created for p in pools) - before)
+            return us
+
+        return run
+
+    if args.bounds:
+        variants = {
+            "ours_untraced": untraced,
+            "ours_untraced_cupti_on": bare_cupti,
+            "ours_cupti_no_harvest": lambda: traced("cupti", interval_s=1000.0, key="no_harvest"),
+            "ours_cupti": lambda: traced("cupti"),
+            "ours_cupti_big_pool": lambda: big_pool(lambda: traced("cupti", key="big_pool")),
+        }
+        variants = {name: counted(name, fn) for name, fn in variants.items()}
     results: dict = {"device": dev.name, "count": count, "date": time.strftime("%Y-%m-%d")}
     raw_loop()
     ours()
@@ -263,13 +315,14 @@ def main() -> None:
             results.setdefault(name, []).append(fn())
         print(f"round {r}:", {n: round(results[n][-1], 2) for n in variants}, flush=True)
     summary = {n: statistics.median(results[n]) for n in variants}
-    summary["ratio_cupti"] = statistics.median(np.array(results["ours_cupti"]) / np.array(results["ours_untraced"]))
-    summary["ratio_cupti_flush_each"] = statistics.median(
-        np.array(results["ours_cupti_flush_each_4MiB"]) / np.array(results["ours_untraced"])
-    )
-    summary["ratio_events"] = statistics.median(np.array(results["ours_events"]) / np.array(results["ours_untraced"]))
+    for name in variants:
+        for base in ("ours_untraced", "raw_cupy"):
+            if name.startswith(base[:5]) and name != base and base in variants:
+                pairs = np.array(results[name]), np.array(results[base])
+                summary[f"ratio_{name}"] = statistics.median(pairs[0] / pairs[1])
+                summary[f"added_us_{name}"] = statistics.median(pairs[0] - pairs[1])
     for key, values in results.items():
-        if key.startswith(("main_cpu", "harvest_cpu")):
+        if key.startswith(("main_cpu", "harvest_cpu", "events_created")):
             summary[key] = statistics.median(values)
     results["median"] = summary
     print(json.dumps(summary, indent=1))

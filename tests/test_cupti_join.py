@@ -114,8 +114,8 @@ def cupti_records(pairs):
 def test_a_kernel_becomes_a_span_on_its_first_record_without_a_query():
     ops = CuptiOps()
     h = Handle()
-    ops.pending.extend(op(1, handle=h, name="first"))
-    ops.pending.extend(op(2, device=1, name="second"))
+    ops.add(*op(1, handle=h, name="first"))
+    ops.add(*op(2, device=1, name="second"))
     ops.add_records(cupti_records([(2, 500, 600), (1, 100, 150), (-1, 0, 5)]), cycle=1)
     rows = ops.harvest(1, np.array([10, 20]))
     assert rows["name"].tolist() == ["first", "second"]
@@ -131,14 +131,14 @@ def test_a_record_that_arrives_before_its_op_is_handed_over_is_kept():
     ops = CuptiOps()
     ops.add_records(cupti_records([(3, 100, 200)]), cycle=1)
     assert ops.harvest(1, np.array([0])) is None
-    ops.pending.extend(op(3))
+    ops.add(*op(3))
     assert ops.harvest(2, np.array([0]))["start_ns"].tolist() == [100]
 
 
 def test_a_copy_of_several_records_waits_until_it_was_done_before_a_flush():
     ops = CuptiOps()
     h = Handle(done=False)
-    ops.pending.extend(op(4, kind="h2d", handle=h, nbytes=64))
+    ops.add(*op(4, kind="h2d", handle=h, nbytes=64))
     ops.add_records(cupti_records([(4, 100, 200)]), cycle=1)  # the first staged chunk
     assert ops.harvest(1, np.array([0])) is None
     h.is_done = True
@@ -151,7 +151,7 @@ def test_a_copy_of_several_records_waits_until_it_was_done_before_a_flush():
 
 def test_a_graph_launch_gathers_its_kernels_into_one_span():
     ops = CuptiOps()
-    ops.pending.extend(op(5, handle=Handle(done=True), many=True, name="graph g"))
+    ops.add(*op(5, handle=Handle(done=True), many=True, name="graph g"))
     ops.add_records(cupti_records([(5, 10, 20), (5, 30, 40)]), cycle=1)
     assert ops.harvest(1, np.array([0])) is None
     rows = ops.harvest(2, np.array([0]))
@@ -161,7 +161,7 @@ def test_a_graph_launch_gathers_its_kernels_into_one_span():
 def test_an_op_done_without_a_record_is_counted_lost():
     ops = CuptiOps()
     h = Handle(done=True)
-    ops.pending.extend(op(6, handle=h, name="ghost"))
+    ops.add(*op(6, handle=h, name="ghost"))
     cycle = 0
     while len(ops) and cycle < 500:
         cycle += 1
@@ -174,10 +174,46 @@ def test_an_op_done_without_a_record_is_counted_lost():
 def test_an_op_still_running_is_neither_lost_nor_queried_at_every_cycle_early():
     ops = CuptiOps()
     h = Handle(done=False)
-    ops.pending.extend(op(7, handle=h))
+    ops.add(*op(7, handle=h))
     for cycle in range(1, 200):
         ops.harvest(cycle, np.array([0]))
     assert ops.lost == 0 and len(ops) == 1
     assert h.queries == 199 - QUERY_AFTER  # from the cycle it had waited QUERY_AFTER cycles on
     ops.add_records(cupti_records([(7, 1, 2)]), cycle=200)
     assert ops.harvest(200, np.array([0]))["end_ns"].tolist() == [2]
+
+
+def test_only_ops_of_several_records_keep_their_completion_and_only_until_their_span():
+    ops = CuptiOps()
+    ops.add(*op(1))
+    ops.add(*op(2, kind="h2d", handle=Handle(done=True), nbytes=8))
+    assert list(ops.completions) == [2]  # a kernel's completion is not held: the launching thread releases it
+    ops.add_records(cupti_records([(1, 10, 20), (2, 30, 40)]), cycle=1)
+    assert ops.harvest(1, np.array([0]))["name"].tolist() == ["k"]
+    assert ops.harvest(2, np.array([0]))["start_ns"].tolist() == [30]
+    assert ops.completions == {} and len(ops) == 0
+
+
+def test_a_late_kernel_is_judged_by_the_newest_completion_on_its_stream():
+    ops = CuptiOps()
+    older, newer = Handle(done=False), Handle(done=True)
+    ops.add(*op(1, handle=older, name="late"))
+    ops.add(*op(2, handle=newer))  # same stream, enqueued after: done means op 1 is done too
+    ops.add_records(cupti_records([(2, 10, 20)]), cycle=1)
+    ops.harvest(1, np.array([0]))
+    for cycle in range(2, QUERY_AFTER + LOST_AFTER + 2):
+        ops.harvest(cycle, np.array([0]))
+    assert (ops.lost, ops.first_lost, len(ops)) == (1, "late", 0)
+    assert older.queries == 0 and newer.queries == 1
+
+
+def test_names_past_the_table_are_kept_per_op(monkeypatch):
+    from gpuworkbench.trace import cupti_ops
+
+    monkeypatch.setattr(cupti_ops, "NAMES_MAX", 2)
+    ops = CuptiOps()
+    for i, name in enumerate(["a", "b", "c", "a", "d"], start=1):
+        ops.add(*op(i, name=name))
+    ops.add_records(cupti_records([(i, i, i + 1) for i in range(1, 6)]), cycle=1)
+    assert ops.harvest(1, np.array([0]))["name"].tolist() == ["a", "b", "c", "a", "d"]
+    assert ops.names == ["a", "b"] and ops.spilled == {}

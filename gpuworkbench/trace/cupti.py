@@ -269,24 +269,61 @@ class _RawCupti:
         except BaseException:  # noqa: BLE001  nothing may escape into CUPTI's thread
             pass
 
-    def walk(self, data: bytes) -> list[int]:
-        """Offsets (in 4-byte words) of the records in ``data``: by the verified sizes, else by CUPTI's walk."""
+    def walk(self, data: bytes) -> np.ndarray:
+        """Offsets (in 4-byte words) of the records in ``data``: by the verified sizes, else by CUPTI's walk.
+
+        Record by record in Python, except where the last few records repeat (a launch loop writes API, external-id
+        and kernel records over and over): then the repetitions that follow are checked in one NumPy step, each
+        predicted record's kind word being the one whose size predicted the next, so the result is the same walk."""
         self.last_walk_status = 0
         if len(data) % 8 == 0:
             words = memoryview(data).cast("I")
+            array = np.frombuffer(data, np.uint32)
             sizes = self.size_words
+            parts: list[np.ndarray] = []
             offsets: list[int] = []
-            add = offsets.append
+            kinds: list[int] = []
             i, n = 0, len(words)
             try:
                 while i < n:
-                    add(i)
-                    i += sizes[words[i]]
+                    kind = words[i]
+                    offsets.append(i)
+                    kinds.append(kind)
+                    i += sizes[kind]
+                    if not len(kinds) & 15 and i < n:  # every 16 records walked one by one: a run ahead?
+                        skipped = self._repeat(array, offsets, kinds, i)
+                        if skipped is not None:
+                            parts.append(np.asarray(offsets, np.int64))
+                            parts.append(skipped)
+                            i = int(skipped[-1]) + sizes[kinds[-1]]
+                            offsets, kinds = [], []
             except IndexError:  # a kind beyond the table
                 i = -1
             if i == n:
-                return offsets
-        return self.walk_cupti(data)
+                parts.append(np.asarray(offsets, np.int64))
+                return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return np.asarray(self.walk_cupti(data), np.int64)
+
+    def _repeat(self, array: np.ndarray, offsets: list[int], kinds: list[int], i: int) -> np.ndarray | None:
+        """If the last L records (L = 1 to 4) repeat the L before them: the offsets of the repetitions of that pattern
+        that follow from word ``i`` on, checked all at once; None when there are none."""
+        for length in (1, 2, 3, 4):
+            if len(kinds) < 2 * length or kinds[-length:] != kinds[-2 * length : -length]:
+                continue
+            start = offsets[-length]
+            period = i - start
+            if period <= 0 or start - offsets[-2 * length] != period:
+                continue
+            reps = (array.size - i) // period
+            if reps < 8:
+                return None
+            rel = np.asarray(offsets[-length:], np.int64) - start
+            base = i + period * np.arange(reps, dtype=np.int64)
+            pos = base[:, None] + rel[None, :]
+            good = (array[pos] == np.asarray(kinds[-length:], np.uint32)[None, :]).all(axis=1)
+            count = reps if good.all() else int(np.argmin(good))
+            return pos[:count].ravel() if count else None
+        return None
 
     def walk_cupti(self, data: bytes) -> list[int]:
         """Offsets (in 4-byte words) from ``cuptiActivityGetNextRecord`` on a copy; learns the record sizes it shows."""
@@ -654,7 +691,7 @@ class CuptiSource:
             if len(data) % 8:
                 data += bytes(8 - len(data) % 8)  # keeps the next buffer's records 8-byte aligned in the blob
             parts.append(data)
-            offsets.append(np.asarray(words, dtype=np.int64) + base)
+            offsets.append(words + base)
             base += len(data) // 4
         blob = parts[0] if len(parts) == 1 else b"".join(parts)
         at = np.concatenate(offsets)
@@ -701,7 +738,10 @@ class CuptiSource:
             kind_col, name_col = np.full(n, kind, dtype=object), np.full(n, "", dtype=object)
             return {"kind": kind_col, "name": name_col, "pinned": np.full(n, -1)}
 
-        kernel_rows = at[np.isin(kinds, self._k_kernels)]
+        is_kernel = kinds == self._k_kernels[0]
+        for code in self._k_kernels[1:]:
+            is_kernel |= kinds == code
+        kernel_rows = at[is_kernel]
         if kernel_rows.size:
             n = kernel_rows.size
             given = {}

@@ -43,7 +43,14 @@ class ExternalIdJoin:
         """Add map entries (a correlation id seen again keeps its newest external id)."""
         if not corr.size:
             return
-        corr = np.concatenate([self._corr, np.asarray(corr, np.int64)])
+        corr, ext = np.asarray(corr, np.int64), np.asarray(ext, np.int64)
+        if (not self._corr.size or corr[0] > self._corr[-1]) and bool((corr[1:] > corr[:-1]).all()):
+            # The usual case: ids only grow (CUPTI numbers API calls in order), so the map stays sorted as it is.
+            self._corr = np.concatenate([self._corr, corr])
+            self._ext = np.concatenate([self._ext, ext])
+            self._last = np.concatenate([self._last, np.full(corr.size, -1, np.int64)])
+            return
+        corr = np.concatenate([self._corr, corr])
         ext = np.concatenate([self._ext, np.asarray(ext, np.int64)])
         last = np.concatenate([self._last, np.full(corr.size - self._last.size, -1, np.int64)])
         order = np.argsort(corr, kind="stable")

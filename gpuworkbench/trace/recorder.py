@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .cupti_ops import CuptiOps
+from .cupti_ops import ROW, CuptiOps
 from .spans import COLUMNS, KIND_CODE, KINDS, MEMORY_COLUMNS, Span, empty_memory_table, spans_of, table_from_records
 
 #: Traces currently recording. The front end checks this list's truthiness before doing any tracing work.
@@ -32,6 +32,9 @@ _CUPTI_OWNER: Trace | None = None
 CUPTI_HANDOFF_S = 2.0
 #: Polling period of a stopped trace's harvester while its last ops finish (and of ``wait_pending``).
 _DRAIN_S = 0.01
+_PACK = ROW.pack
+_now = time.perf_counter_ns
+_KERNEL = KIND_CODE["kernel"]
 
 
 @dataclass
@@ -275,7 +278,7 @@ class Trace:
         """Enqueue one op through ``call(timed)`` and record it: the fast path when one trace records.
 
         ``many``: the op may show as several CUPTI records (a graph launch); copies are assumed to."""
-        enqueue_ns = time.perf_counter_ns()
+        enqueue_ns = _now()
         number = self._device_numbers.get(id(stream.device))
         if number is None:
             number = self.device_number(stream.device)
@@ -289,9 +292,16 @@ class Trace:
             finally:
                 self._ext_pop(ext_kind)
             stream._track(completion, keep)
-            self._cupti_ops.pending.extend(
-                (op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, many)
-            )
+            ops = self._cupti_ops  # CuptiOps.add, inlined: this is the launch path
+            code = ops.codes.get(name)
+            if code is None:
+                code = ops.code_of(name, op_id)
+            kind_code = KIND_CODE[kind]
+            if many or kind_code != _KERNEL:
+                ops.completions[op_id] = completion
+            sid = stream.id
+            ops.markers[number, sid] = completion
+            ops.rows += _PACK(op_id, number, sid, kind_code, nbytes, code, pinned, enqueue_ns, many)
             self.stats.ops += 1
             return completion
         completion = call(True)
@@ -329,7 +339,7 @@ class Trace:
         op = (op_id, device_number, stream, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion)
         if self.uses_cupti(device_number, kind, nbytes):
             self._ext_pop(self._ext_kind)
-            self._cupti_ops.pending.extend((*op, many))
+            self._cupti_ops.add(*op, many)
         else:
             self._pending.append(op)
         self.stats.ops += 1

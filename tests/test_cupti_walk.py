@@ -1,0 +1,74 @@
+"""The CUPTI record walk (trace/cupti.py) on hand-made activity buffers: the run-skipping walk must visit exactly the
+records a one-by-one walk by the same record sizes visits. Runs without a GPU (no libcupti is loaded)."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuworkbench.trace import cupti as cupti_mod
+
+SIZES = {5: 40, 39: 24, 10: 200, 1: 88, 2: 64}  # kind -> record bytes (API, external id, kernel, memcpy, memset)
+
+
+def raw_walker() -> cupti_mod._RawCupti:
+    raw = object.__new__(cupti_mod._RawCupti)  # no libcupti: only the size table the walk reads
+    raw.size_words = [cupti_mod._UNVERIFIED] * cupti_mod._MAX_KIND
+    for kind, size in SIZES.items():
+        raw.size_words[kind] = size // 4
+    raw.last_walk_status = 0
+    return raw
+
+
+def buffer(kinds: list[int]) -> tuple[bytes, list[int]]:
+    """Records of the given kinds (kind word first, a recognisable filler after), and their word offsets."""
+    out, offsets = bytearray(), []
+    for n, kind in enumerate(kinds):
+        offsets.append(len(out) // 4)
+        record = bytearray(struct.pack("<I", kind)) + bytes(SIZES[kind] - 4)
+        record[8:12] = struct.pack("<I", 10 + n % 7)  # inside a record: a word that is also a kind code
+        out += record
+    return bytes(out), offsets
+
+
+def one_by_one(raw: cupti_mod._RawCupti, data: bytes) -> list[int]:
+    words, i, offsets = memoryview(data).cast("I"), 0, []
+    while i < len(words):
+        offsets.append(i)
+        i += raw.size_words[words[i]]
+    return offsets
+
+
+def test_a_launch_loop_buffer_is_walked_in_runs_to_the_same_offsets():
+    raw = raw_walker()
+    kinds = [5, 39, 10] * 500 + [1] + [5, 39, 10] * 300 + [2, 2] + [10] * 40 + [5, 39]
+    data, offsets = buffer(kinds)
+    assert raw.walk(data).tolist() == offsets == one_by_one(raw, data)
+
+
+pattern = st.lists(st.sampled_from(sorted(SIZES)), min_size=1, max_size=4)
+segment = st.tuples(pattern, st.integers(0, 60))  # a pattern repeated 0..60 times
+noise = st.lists(st.sampled_from(sorted(SIZES)), max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(segment, noise), min_size=1, max_size=8))
+def test_any_mix_of_runs_and_odd_records_walks_like_one_by_one(parts):
+    kinds: list[int] = []
+    for (repeated, times), odd in parts:
+        kinds += repeated * times + odd
+    if not kinds:
+        kinds = [10]
+    data, offsets = buffer(kinds)
+    assert raw_walker().walk(data).tolist() == offsets
+
+
+def test_a_kind_of_unknown_size_falls_back_to_cuptis_walk(monkeypatch):
+    raw = raw_walker()
+    data, _ = buffer([5, 39, 10] * 40)
+    raw.size_words[39] = cupti_mod._UNVERIFIED
+    monkeypatch.setattr(raw, "walk_cupti", lambda d: [0, 99])
+    assert raw.walk(data).tolist() == [0, 99]
