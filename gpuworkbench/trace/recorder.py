@@ -95,7 +95,8 @@ class _Columns:
         if m > self.size:  # more rows than the ring holds: only the newest survive
             self.count += m - self.size
             skip, m = m - self.size, self.size
-        idx = (self.count + np.arange(m)) % self.size
+        at = self.count % self.size
+        idx: Any = slice(at, at + m) if at + m <= self.size else (self.count + np.arange(m)) % self.size
         for c in self.schema:
             values = cols[c][skip:]
             column = self.cols[c]
@@ -149,6 +150,7 @@ class Trace:
         self._lock = threading.Lock()
         self._devices: dict[int, DeviceClock] = {}  # trace device number -> clock
         self._device_numbers: dict[int, int] = {}  # id(Device state) -> trace device number
+        self._streams: dict[Any, tuple[int, bool, tuple[int, int]]] = {}  # Stream -> _stream_info
         self._cupti_flags: list[bool] = []  # per trace device number: spans come from CUPTI
         self._stream_labels: dict[tuple[int, int], str] = {}
         self._cupti: Any = None
@@ -260,6 +262,13 @@ class Trace:
         self._ext_push, self._ext_pop, self._ext_kind = source.external_id_calls()
         return ""
 
+    def _stream_info(self, stream: Any) -> tuple[int, bool, tuple[int, int]]:
+        """(device number, spans from CUPTI, (device number, stream id)) of a stream, kept for the launch path."""
+        number = self.device_number(stream.device)
+        info = (number, self._cupti_flags[number], (number, stream.id))
+        self._streams[stream] = info
+        return info
+
     def uses_cupti(self, device_number: int, kind: str = "kernel", nbytes: int = 1) -> bool:
         """Whether this op's span comes from CUPTI (zero-byte copies and memsets do nothing CUPTI could see)."""
         return self._cupti_flags[device_number] and (nbytes > 0 or kind == "kernel")
@@ -279,12 +288,13 @@ class Trace:
 
         ``many``: the op may show as several CUPTI records (a graph launch); copies are assumed to."""
         enqueue_ns = _now()
-        number = self._device_numbers.get(id(stream.device))
-        if number is None:
-            number = self.device_number(stream.device)
+        info = self._streams.get(stream)
+        if info is None:
+            info = self._stream_info(stream)
+        number, cupti, key = info
         op_id = next(self._op_ids)
         # A zero-byte copy or memset does nothing on the device, so CUPTI sees nothing: time it with events instead.
-        if self._cupti_flags[number] and (nbytes > 0 or kind == "kernel"):
+        if cupti and (nbytes > 0 or kind == "kernel"):
             ext_kind = self._ext_kind
             self._ext_push(ext_kind, op_id)
             try:
@@ -299,9 +309,9 @@ class Trace:
             kind_code = KIND_CODE[kind]
             if many or kind_code != _KERNEL:
                 ops.completions[op_id] = completion
-            sid = stream.id
-            ops.markers[number, sid] = completion
-            ops.rows += _PACK(op_id, number, sid, kind_code, nbytes, code, pinned, enqueue_ns, many)
+            ops.markers[key] = completion
+            rows = ops.rows  # extended in place: the harvester cuts the same bytearray
+            rows += _PACK(op_id, number, key[1], kind_code, nbytes, code, pinned, enqueue_ns, many)
             self.stats.ops += 1
             return completion
         completion = call(True)
