@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import struct
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
