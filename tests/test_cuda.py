@@ -232,3 +232,26 @@ def test_a_trace_right_after_another_gets_cupti_too(dev):
     assert sources == ["cupti"] * 3, sources
     assert t.wait_pending(10) and [sp.name for sp in t.spans if sp.kind == "kernel"] == ["spin-2"]
     s.close()
+
+
+def test_a_cupti_trace_does_not_hold_kernels_events(dev):
+    """Kernels' completions go back to the event pool as untraced: a trace that held them until their records came
+    made the pool overflow and create a CUDA event per launch (microseconds each)."""
+    pytest.importorskip("cupti")
+    empty = dev.compile('extern "C" __global__ void empty(float* x) {}', "empty")
+    s = dev.create_stream("pool")
+    with dev.alloc(1) as b:
+        for _ in range(200):  # warm the pool
+            empty(1, 32, (b,), stream=s)
+        s.synchronize()
+        pools = dev._backend._pools
+        before = sum(p.created for p in pools)
+        with gw.trace(source="cupti", interval_s=10.0) as t:  # no harvest while the loop runs
+            for _ in range(5000):
+                empty(1, 32, (b,), stream=s)
+        s.synchronize()
+        created = sum(p.created for p in pools) - before
+        assert t.wait_pending(30) and t.stats.lost == 0
+    assert len([sp for sp in t.spans if sp.kind == "kernel"]) == 5000
+    assert created < 100, f"{created} events created for 5000 traced launches"
+    s.close()

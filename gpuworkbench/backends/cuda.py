@@ -64,8 +64,8 @@ def _cupy() -> Any:
 class _EventPool:
     """Reusable CUDA events: creating one costs microseconds, re-recording a pooled one much less."""
 
-    def __init__(self, timing: bool, keep: int = 4096) -> None:
-        self._free: deque[Any] = deque(maxlen=keep)  # append/pop are atomic: no lock on the launch path
+    def __init__(self, timing: bool) -> None:
+        self._free: deque[Any] = deque(maxlen=4096)  # append/pop are atomic: no lock on the launch path
         self._timing = timing
         self.created = 0  # events made because the pool was empty (a diagnostic: each costs microseconds)
 
