@@ -65,17 +65,17 @@ class CallbackTimer:
         src._ingest = self  # type: ignore[method-assign]
         src._decode = self._decode  # type: ignore[method-assign]
 
-    def __call__(self, data: bytes) -> None:
+    def __call__(self, data: Any) -> None:
         t0 = time.perf_counter_ns()
         self._orig(data)
         self.entries.append((t0, time.perf_counter_ns() - t0, len(data), threading.current_thread().name))
         if self._keep >= len(data):
             self._keep -= len(data)
-            self.buffers.append(data)
+            self.buffers.append(bytes(data))  # a copy: CUPTI reuses the buffer once the callback returns
 
-    def _decode(self, buffers: list[bytes], full: bool = True) -> Any:
+    def _decode(self, blob: bytearray, ends: list[int], *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
-        out = self._orig_decode(buffers, full)
+        out = self._orig_decode(blob, ends, *args, **kwargs)
         self.decodes.append((time.perf_counter_ns() - t0, 0 if out[0] is None else out[0]["start"].size))
         return out
 
@@ -154,8 +154,7 @@ def launch_study(src: CuptiSource, diag: CallbackTimer, empty: Any, stream: Any,
 
     def cupti_flush_only() -> list[Any]:
         raw.flush_all(0)
-        with src._lock:
-            src._incoming.clear()
+        src._take_incoming()
         return []
 
     def loop(tag: bool) -> np.ndarray:

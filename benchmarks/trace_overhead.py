@@ -44,8 +44,7 @@ class Flusher(threading.Thread):
         while not self.halt.wait(0.01):
             if self.bare:
                 self.src._raw.flush_all(0)
-                with self.src._lock:
-                    self.src._incoming = []
+                self.src._take_incoming()
                 continue
             cols = self.src.flush_columns()
             self.records += 0 if cols is None else cols["start"].size
@@ -213,7 +212,8 @@ def main() -> None:
             (cupti_join.ExternalIdJoin, "join"),
             (cupti_ops.CuptiOps, "add_records"),
             (cupti_ops.CuptiOps, "harvest"),
-            (cupti_ops.CuptiOps, "_take_rows"),
+            (cupti_ops.CuptiOps, "take_rows"),
+            (cupti_ops.CuptiOps, "resolve"),
             (recorder._Columns, "extend_columns"),
         ]
         saved = []

@@ -39,20 +39,17 @@ def enqueue(
         return completion
     if len(traces) == 1:
         return traces[0].record_op(stream, kind, nbytes, name, pinned, call, keep, many)
-    enqueue_ns = time.perf_counter_ns()
     device = stream.device
     numbered = [(t, t.device_number(device)) for t in list(traces)]
     timed = any(not t.uses_cupti(n, kind, nbytes) for t, n in numbered)
-    ids = [t.op_begin(n, kind, nbytes) for t, n in numbered]
-    try:
-        completion = call(timed)
-    except BaseException:
-        for (t, n), op_id in zip(numbered, ids):
-            t.op_abort(op_id, n, kind, nbytes)
-        raise
+    ids = [t.op_id() for t, _ in numbered]
+    enqueue_ns = time.perf_counter_ns()
+    t0 = time.time_ns()  # a CUPTI trace claims the CUDA calls this thread makes until t1
+    completion = call(timed)
+    t1 = time.time_ns()
     stream._track(completion, keep)
     for (t, n), op_id in zip(numbered, ids):
-        t.op_end(op_id, n, stream.id, kind, nbytes, name, pinned, enqueue_ns, completion, many)
+        t.op_end(op_id, n, stream.id, kind, nbytes, name, pinned, enqueue_ns, completion, many, (t0, t1))
     return completion
 
 

@@ -255,3 +255,46 @@ def test_a_cupti_trace_does_not_hold_kernels_events(dev):
     assert len([sp for sp in t.spans if sp.kind == "kernel"]) == 5000
     assert created < 100, f"{created} events created for 5000 traced launches"
     s.close()
+
+
+def test_cupti_spans_go_to_the_ops_whose_calls_they_are_among_other_launches_and_threads(dev):
+    """A CUPTI trace ties records to ops by the thread and time window of each enqueue (no id pushed per op): raw CuPy
+    launches made between our ops on the same thread must not be taken for ours, nor ops of another thread."""
+    pytest.importorskip("cupti")
+    import threading
+
+    import cupy as cp
+
+    empty = dev.compile('extern "C" __global__ void empty(float* x) {}', "empty")
+    foreign = cp.RawKernel(SPIN, "spin")
+    s, s2 = dev.create_stream("ours"), dev.create_stream("other thread")
+    raw_stream = cp.cuda.Stream(non_blocking=True)
+    n = 300
+    with dev.alloc(1) as b:
+        empty(1, 32, (b,), stream=s)
+        foreign((1,), (1,), (np.uint64(1000),), stream=raw_stream)
+        s.synchronize()
+        raw_stream.synchronize()
+
+        def other() -> None:
+            for i in range(n):
+                empty(1, 32, (b,), stream=s2, name=f"thread-{i}")
+
+        with gw.trace(source="cupti") as t:
+            worker = threading.Thread(target=other)
+            worker.start()
+            for i in range(n):
+                empty(1, 32, (b,), stream=s, name=f"ours-{i}")
+                foreign((1,), (1,), (np.uint64(20_000),), stream=raw_stream)  # 20 µs: not ours, and long
+            worker.join()
+        assert t.wait_pending(30)
+    kernels = [sp for sp in t.spans if sp.kind == "kernel"]
+    names = sorted(sp.name for sp in kernels)
+    assert names == sorted([f"ours-{i}" for i in range(n)] + [f"thread-{i}" for i in range(n)])
+    assert t.stats.lost == 0 and t.stats.unplaced_calls >= n
+    longest = max(sp.duration_ns for sp in kernels)
+    assert longest < 15_000, f"an empty kernel's span lasted {longest} ns: a 20 µs foreign launch was taken for it"
+    ours = sorted((sp for sp in kernels if sp.name.startswith("ours-")), key=lambda sp: sp.start_ns)
+    assert [sp.name for sp in ours] == [f"ours-{i}" for i in range(n)]  # in launch order on their stream
+    s.close()
+    s2.close()

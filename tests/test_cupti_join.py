@@ -217,3 +217,17 @@ def test_names_past_the_table_are_kept_per_op(monkeypatch):
     ops.add_records(cupti_records([(i, i, i + 1) for i in range(1, 6)]), cycle=1)
     assert ops.harvest(1, np.array([0]))["name"].tolist() == ["a", "b", "c", "a", "d"]
     assert ops.names == ["a", "b"] and ops.spilled == {}
+
+
+def test_records_of_ops_not_ready_stay_when_others_are_made_spans():
+    ops = CuptiOps()
+    h = Handle(done=False)
+    ops.add(*op(1, kind="h2d", handle=h, nbytes=64))  # several records: waits until it was seen done
+    ops.add(*op(2))
+    ops.add(*op(3))
+    ops.add_records(cupti_records([(3, 70, 80), (1, 100, 200), (2, 50, 60), (1, 300, 400)]), cycle=1)  # unsorted
+    assert ops.harvest(1, np.array([0]))["start_ns"].tolist() == [50, 70]
+    h.is_done = True
+    ops.harvest(2, np.array([0]))  # seen done now
+    rows = ops.harvest(3, np.array([0]))
+    assert (rows["start_ns"].tolist(), rows["end_ns"].tolist()) == ([100], [400])

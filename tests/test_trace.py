@@ -110,7 +110,10 @@ def test_two_traces_see_the_same_ops(device):
         # reached the op (DESIGN §5: several µs early or late), so the same op differs by that bias too.
         err += 50_000
     assert abs(inner.spans[0].start_ns - outer.spans[1].start_ns) <= err
-    assert inner.spans[0].enqueue_ns == outer.spans[1].enqueue_ns
+    if inner.devices[0].source == outer.devices[0].source:
+        assert inner.spans[0].enqueue_ns == outer.spans[1].enqueue_ns
+    else:  # a CUPTI trace reads the enqueue time on CUPTI's clock, as its spans, and maps both alike
+        assert abs(inner.spans[0].enqueue_ns - outer.spans[1].enqueue_ns) <= err + 20_000
 
 
 def test_pinned_flag_of_copies(device):

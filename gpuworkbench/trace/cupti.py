@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,8 +36,8 @@ from .cupti_join import ExternalIdJoin
 
 #: Activity kinds enabled by :meth:`CuptiSource.start`, by their ``cupti.ActivityKind`` names.
 ACTIVITY_KINDS: tuple[str, ...] = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "EXTERNAL_CORRELATION")
-#: API record kinds enabled as carriers: CUPTI emits EXTERNAL_CORRELATION records only for API calls it records.
-#: Their records are skipped by size, never decoded.
+#: API record kinds enabled as carriers: CUPTI emits EXTERNAL_CORRELATION records only for API calls it records, and
+#: a trace places each call (its thread and start) in the window in which it enqueued one of its ops.
 API_CARRIER_KINDS: tuple[str, ...] = ("DRIVER", "RUNTIME")
 #: Restrict the carriers to the API calls that enqueue device work (names by prefix), to keep buffers small.
 API_FILTER = True
@@ -121,8 +122,9 @@ _BUILTIN_FIELDS: dict[str, dict[str, tuple[int, int]]] = {
         "correlation_id": (44, 4),
     },
     "ext": {"external_kind": (4, 4), "external_id": (8, 8), "correlation_id": (16, 4)},
+    "api": {"start": (8, 8), "thread_id": (28, 4), "correlation_id": (32, 4)},
 }
-# cupti-python dtype names per struct (newest first); "api" only gives the carrier records' size.
+# cupti-python dtype names per struct (newest first).
 _DTYPE_NAMES: dict[str, tuple[str, ...]] = {
     "kernel": ("activity_kernel10_dtype", "activity_kernel9_dtype"),
     "memcpy": ("activity_memcpy6_dtype", "activity_memcpy5_dtype"),
@@ -258,18 +260,17 @@ class _RawCupti:
     def _on_complete(self, context: Any, stream_id: int, buf: int | None, size: int, valid: int) -> None:
         """CUPTI hands back a buffer (its thread, or inside a flush): copy the valid bytes, pool the buffer, return."""
         try:
-            data = ctypes.string_at(buf, valid) if buf and valid else b""
+            source = _ACTIVE
+            if buf and valid and source is not None:
+                source._ingest((ctypes.c_char * valid).from_address(buf))  # copied there, before the buffer is reused
             with self._lock:
                 kept = self._live.pop(buf, None) if buf else None
                 if kept is not None and len(self._pool) < POOL_MAX:
                     self._pool.append(kept)
-            source = _ACTIVE
-            if data and source is not None:
-                source._ingest(data)
         except BaseException:  # noqa: BLE001  nothing may escape into CUPTI's thread
             pass
 
-    def walk(self, data: bytes) -> np.ndarray:
+    def walk(self, data: Any) -> np.ndarray:
         """Offsets (in 4-byte words) of the records in ``data``: by the verified sizes, else by CUPTI's walk.
 
         Record by record in Python, except where the last few records repeat (a launch loop writes API, external-id
@@ -325,8 +326,9 @@ class _RawCupti:
             return pos[:count].ravel() if count else None
         return None
 
-    def walk_cupti(self, data: bytes) -> list[int]:
+    def walk_cupti(self, data: Any) -> list[int]:
         """Offsets (in 4-byte words) from ``cuptiActivityGetNextRecord`` on a copy; learns the record sizes it shows."""
+        data = bytes(data)
         n = len(data)
         copy = (ctypes.c_uint64 * ((n + 7) // 8))()
         ctypes.memmove(copy, data, n)
@@ -422,9 +424,10 @@ class CuptiSource:
         self._raw: _RawCupti | None = None
         self._running = False
         self._enabled: list[Any] = []
-        self._lock = threading.Lock()  # guards _incoming (appended on CUPTI's thread)
+        self._lock = threading.Lock()  # guards _incoming and _ends (appended on CUPTI's thread)
         self._flush_lock = threading.Lock()  # serializes flush() and guards the join state below
-        self._incoming: list[bytes] = []
+        self._incoming = bytearray()  # the bytes of every buffer handed back since the last flush, each padded to 8
+        self._ends: list[int] = []  # where each of those buffers ends in it
         self._delivered = self._flushed = 0.0  # monotonic times of the last buffer handed back, the last flush
         self._joiner = ExternalIdJoin(HOLD_FLUSHES, EXT_KEEP_FLUSHES, EXT_MAP_MAX)
         self._pushed = False
@@ -541,13 +544,20 @@ class CuptiSource:
 
     # -- records -----------------------------------------------------------------------------------------------
 
-    def flush_columns(self, eager: bool = False, full: bool = True) -> dict[str, np.ndarray] | None:
+    def flush_columns(
+        self,
+        eager: bool = False,
+        full: bool = True,
+        resolve: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray] | None:
         """Every record handed back since the last call, as columns (ordered by ``start`` if ``full``), after a CUPTI
         flush if one is due (see ``FLUSH_IDLE_S``; ``eager``: always, e.g. once no more launches are traced).
 
         Columns: kind (str), start, end (CUPTI ns), external_id (-1: none), bytes, name, pinned (-1/0/1),
         stream_id, device_id, correlation_id, runtime_correlation_id; None when nothing completed. ``full=False``:
-        only start, end, external_id and the two correlation ids (cheaper; what a trace needs)."""
+        only start, end, external_id and the two correlation ids (cheaper; what a trace needs). ``resolve(thread,
+        start)``: the external id of the op each API call (CUPTI thread id, start on CUPTI's clock) was made in, -1
+        if none: how a trace tags its ops' records without pushing ids (see ``ExternalIdJoin.place_calls``)."""
         with self._flush_lock:
             now = time.monotonic()
             due = (
@@ -562,15 +572,21 @@ class CuptiSource:
                 if status:
                     self.callback_errors += 1
                     self.last_callback_error = f"flush: {_describe(_CuptiCallFailed('flush', status), self._cupti)}"
-            with self._lock:
-                buffers, self._incoming = self._incoming, []
+            blob, ends = self._take_incoming()
             try:
-                cols, ext = self._decode(buffers, full)
+                cols, ext, calls = self._decode(blob, ends, full, calls=resolve is not None)
             except Exception as exc:  # noqa: BLE001  a bad buffer must not stop the harvester
                 self.callback_errors += 1
                 self.last_callback_error = f"decode: {type(exc).__name__}: {exc}"
-                cols, ext = None, (_NONE, _NONE)
-            return self._joiner.join(cols, *ext, wait=self._pushed and self._running, ordered=full)
+                cols, ext, calls = None, (_NONE, _NONE), None
+            wait = (self._pushed or resolve is not None) and self._running
+            return self._joiner.join(cols, *ext, wait=wait, ordered=full, calls=calls, resolve=resolve)
+
+    @property
+    def unplaced_calls(self) -> int:
+        """API calls a ``resolve`` placed in no op (another library's launches, say); once stopped, with those still
+        waiting for one."""
+        return self._joiner.unplaced_calls + (0 if self._running else self._joiner.held_calls)
 
     def flush(self) -> list[dict[str, Any]]:
         """``flush_columns()`` as one dict per record (kind, start_ns, end_ns, external_id, bytes, name, pinned,
@@ -578,15 +594,15 @@ class CuptiSource:
         cols = self.flush_columns(eager=True)
         return [] if cols is None else _span_dicts(cols)
 
-    def clock_sample(self) -> tuple[int, int, int]:
-        """(cupti_ns, host perf_counter_ns, error_ns): a CUPTI timestamp bracketed by two host reads (best of 3)."""
+    def clock_sample(self, host: Callable[[], int] = time.perf_counter_ns) -> tuple[int, int, int]:
+        """(cupti_ns, host_ns, error_ns): a CUPTI timestamp bracketed by two reads of ``host`` (best of 3)."""
         if self._cupti is None:
             try:
                 from cupti import cupti
             except Exception as exc:
                 raise CuptiUnavailable(f"cupti-python is not importable: {type(exc).__name__}: {exc}") from exc
             self._cupti = cupti
-        get_timestamp, perf = self._cupti.get_timestamp, time.perf_counter_ns
+        get_timestamp, perf = self._cupti.get_timestamp, host
         best: tuple[int, int, int] | None = None
         for _ in range(3):
             t0 = perf()
@@ -601,8 +617,7 @@ class CuptiSource:
 
     def _reset(self) -> None:
         self._enabled = []
-        with self._lock:
-            self._incoming = []
+        self._take_incoming()
         self._pushed = False
         self._joiner = ExternalIdJoin(HOLD_FLUSHES, EXT_KEEP_FLUSHES, EXT_MAP_MAX)
 
@@ -613,6 +628,7 @@ class CuptiSource:
         self._k_memcpy = int(kind.MEMCPY)
         self._k_memset = int(kind.MEMSET)
         self._k_ext = int(kind.EXTERNAL_CORRELATION)
+        self._k_api = (int(kind.DRIVER), int(kind.RUNTIME))
         self._ext_kind = int(cupti.ExternalCorrelationKind.CUSTOM0)
         self._copy_names = np.full(256, "other_copy", dtype=object)
         for member in cupti.ActivityMemcpyKind:
@@ -666,35 +682,42 @@ class CuptiSource:
             return False
         return True
 
-    def _ingest(self, data: bytes) -> None:
-        """Buffer-completed callback body: keep the copied bytes for the next flush (nothing decoded here)."""
+    def _ingest(self, data: Any) -> None:
+        """Buffer-completed callback body: append the valid bytes for the next flush (one copy, nothing decoded)."""
         with self._lock:
-            self._incoming.append(data)
+            incoming = self._incoming
+            incoming += data
+            if len(incoming) % 8:
+                incoming += bytes(8 - len(incoming) % 8)  # keeps the next buffer's records 8-byte aligned
+            self._ends.append(len(incoming))
         self._delivered = time.monotonic()
 
+    def _take_incoming(self) -> tuple[bytearray, list[int]]:
+        """The bytes handed back since the last call, and where each buffer ends in them."""
+        with self._lock:
+            blob, ends = self._incoming, self._ends
+            self._incoming, self._ends = bytearray(), []
+        return blob, ends
+
     def _decode(
-        self, buffers: list[bytes], full: bool = True
-    ) -> tuple[dict[str, np.ndarray] | None, tuple[np.ndarray, np.ndarray]]:
-        """Span columns (in buffer order) and this flush's (correlation ids, external ids); only times and ids
-        unless ``full``."""
+        self, blob: bytearray, ends: list[int], full: bool = True, calls: bool = False
+    ) -> tuple[dict[str, np.ndarray] | None, tuple[np.ndarray, np.ndarray], dict[str, np.ndarray] | None]:
+        """Span columns (in buffer order), this flush's (correlation ids, external ids) and, if ``calls``, its API
+        call records (thread, start, correlation_id); only times and ids unless ``full``. ``blob``: buffers back to
+        back, each ending at its entry of ``ends`` (a multiple of 8)."""
         raw = self._raw
-        if not buffers or raw is None:
-            return None, (_NONE, _NONE)
-        parts: list[bytes] = []
+        if not ends or raw is None:
+            return None, (_NONE, _NONE), None
         offsets: list[np.ndarray] = []
-        base = 0
-        for data in buffers:
-            words = raw.walk(data)
+        whole, begin = memoryview(blob), 0
+        for end in ends:
+            words = raw.walk(whole[begin:end])
             if raw.last_walk_status:
                 self.callback_errors += 1
                 self.last_callback_error = f"record walk stopped early: CUPTI result {raw.last_walk_status}"
-            if len(data) % 8:
-                data += bytes(8 - len(data) % 8)  # keeps the next buffer's records 8-byte aligned in the blob
-            parts.append(data)
-            offsets.append(words + base)
-            base += len(data) // 4
-        blob = parts[0] if len(parts) == 1 else b"".join(parts)
-        at = np.concatenate(offsets)
+            offsets.append(words + begin // 4 if begin else words)
+            begin = end
+        at = offsets[0] if len(offsets) == 1 else np.concatenate(offsets)
         views = {
             1: np.frombuffer(blob, np.uint8),
             2: np.frombuffer(blob, np.uint16),
@@ -724,6 +747,14 @@ class CuptiSource:
                 column(ext_rows, "ext", "correlation_id")[mine].astype(np.int64),
                 column(ext_rows, "ext", "external_id")[mine].astype(np.int64),
             )
+        api = None
+        if calls:
+            api_rows = at[(kinds == self._k_api[0]) | (kinds == self._k_api[1])]
+            api = {
+                "thread": column(api_rows, "api", "thread_id").astype(np.int64),
+                "start": column(api_rows, "api", "start").astype(np.int64),
+                "correlation_id": column(api_rows, "api", "correlation_id").astype(np.int64),
+            }
 
         # Per struct: row, the wanted fields, runtime_correlation_id. ``full=False`` (the trace's harvester) reads
         # only times and ids: the op already knows its kind, name, bytes and stream.
@@ -766,7 +797,7 @@ class CuptiSource:
         if memset_rows.size:
             add_group(memset_rows, "memset", **(blank(memset_rows.size, "memset") if full else {}))
         if not groups:
-            return None, ext
+            return None, ext, api
         names = ("row", *wanted, "runtime_correlation_id")
         cols = dict(zip(names, groups[0] if len(groups) == 1 else map(np.concatenate, zip(*groups))))
         start, end = cols["start"], cols["end"]
@@ -774,7 +805,7 @@ class CuptiSource:
         self.incomplete_records += start.size - keep.size
         if len(groups) > 1:
             keep = keep[np.argsort(cols["row"][keep], kind="stable")]
-        return {name: col[keep] for name, col in cols.items() if name != "row"}, ext
+        return {name: col[keep] for name, col in cols.items() if name != "row"}, ext, api
 
     def _kernel_names(self, rows: np.ndarray, column: Any) -> np.ndarray:
         """Kernel names of the kernel records at ``rows`` (read once per distinct pointer)."""

@@ -1,12 +1,16 @@
-"""Attach external correlation ids (our op ids) to CUPTI activity records, as column operations.
+"""Attach external ids (our op ids) to CUPTI activity records, as column operations.
 
-CUPTI reports an op's external id in an EXTERNAL_CORRELATION record (correlation id -> external id), separate from the
-kernel / memcpy record that carries only the correlation id; the two may arrive in different flushes. Doing this join
-per record in Python cost about a microsecond a record on the harvester thread, holding the GIL the launching thread
-needs, so it is done here on sorted NumPy arrays: no Python object per record.
+A kernel / memcpy record carries only CUPTI's correlation id, the id of the API call that enqueued it. What op that
+call belongs to comes either from an EXTERNAL_CORRELATION record (correlation id -> an id pushed around the call) or,
+what a trace uses, from the API call's own record: the thread it ran on and when it started, placed in the window of
+host time in which that thread enqueued one of our ops (``resolve``). Records of a call and of its work may arrive in
+different flushes. Doing this join per record in Python cost about a microsecond a record on the harvester thread,
+holding the GIL the launching thread needs, so it is done here on sorted NumPy arrays: no Python object per record.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,11 +32,19 @@ class ExternalIdJoin:
         self._ext = _EMPTY  # their external ids
         self._last = _EMPTY  # flush that last used each entry, -1 if none yet
         self._held: dict[str, np.ndarray] | None = None  # records waiting for their entry, with a "born" column
+        self._calls: dict[str, np.ndarray] | None = None  # API calls not placed in an op's window yet, same
         self.flushes = 0
+        #: API calls placed in no op's window within the hold (another library's launches, on a traced thread or not).
+        self.unplaced_calls = 0
 
     def __len__(self) -> int:
         """Map entries kept."""
         return int(self._corr.size)
+
+    @property
+    def held_calls(self) -> int:
+        """API calls waiting to be placed in an op's window."""
+        return 0 if self._calls is None else int(self._calls["born"].size)
 
     @property
     def held(self) -> int:
@@ -58,6 +70,36 @@ class ExternalIdJoin:
         newest = np.append(corr[1:] != corr[:-1], True)  # the last of each run of equal ids
         self._corr, self._ext, self._last = corr[newest], ext[newest], last[newest]
 
+    def place_calls(
+        self,
+        calls: dict[str, np.ndarray] | None,
+        resolve: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        wait: bool = True,
+    ) -> None:
+        """Map entries from API call records (columns thread, start, correlation_id): ``resolve(thread, start)`` gives
+        the op id each call was made in (-1: none). A call not placed yet is tried again at the next flushes (its op
+        may be handed over after CUPTI delivered the call), then dropped as not ours after ``hold_flushes``."""
+        now = self.flushes + 1  # the flush ``join`` is about to count
+        if calls is not None and calls["start"].size:
+            calls = dict(calls)
+            calls["born"] = np.full(calls["start"].size, now, np.int64)
+        held, self._calls = self._calls, None
+        if held is not None:
+            calls = held if calls is None else {k: np.concatenate([held[k], calls[k]]) for k in held}
+        if calls is None:
+            return
+        ext = resolve(calls["thread"], calls["start"])
+        placed = ext >= 0
+        if placed.any():
+            self.add(calls["correlation_id"][placed], ext[placed])
+        waiting = ~placed
+        if waiting.any():
+            expired = waiting & ((now - calls["born"] >= self.hold_flushes) | (not wait))
+            self.unplaced_calls += int(expired.sum())
+            waiting &= ~expired
+            if waiting.any():
+                self._calls = {k: v[waiting] for k, v in calls.items()}
+
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(external ids, -1 where absent; positions in the map of the hits)."""
         if not self._corr.size or not keys.size:
@@ -73,14 +115,18 @@ class ExternalIdJoin:
         ext: np.ndarray = _EMPTY,
         wait: bool = True,
         ordered: bool = True,
+        calls: dict[str, np.ndarray] | None = None,
+        resolve: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
     ) -> dict[str, np.ndarray] | None:
-        """One flush: add its map entries, join its records (``cols``, with ``correlation_id`` and
-        ``runtime_correlation_id`` columns) and the held ones; return the released records with an
-        ``external_id`` column, ordered by ``start`` if ``ordered``. ``wait=False`` (the last flush) releases
-        everything."""
+        """One flush: add its map entries (``corr`` -> ``ext``, and ``calls`` placed by ``resolve``), join its
+        records (``cols``, with ``correlation_id`` and ``runtime_correlation_id`` columns) and the held ones; return
+        the released records with an ``external_id`` column, ordered by ``start`` if ``ordered``. ``wait=False``
+        (the last flush) releases everything."""
+        self.add(corr, ext)
+        if resolve is not None:
+            self.place_calls(calls, resolve, wait)
         self.flushes += 1
         now = self.flushes
-        self.add(corr, ext)
         records = self._with_held(cols, now)
         if records is None:
             self._expire(now)

@@ -2,9 +2,11 @@
 
 The launching thread packs each op into a bytearray (one ``+=``, atomic under the GIL) and keeps no Python object per
 op alive: names become small codes, and a kernel's completion is not held at all (only the newest completion per
-stream, as a marker). Each harvest cuts the packed rows off as one int64 array and joins the flush's records to the
-waiting ops by op id (the external id CUPTI reports) with sorted NumPy arrays: no Python work per op in the common case
-(one kernel, one record). An op done on the device is never queried unless its records are late.
+stream, as a marker). Each op carries the window of host time (``t0``..``t1``, on CUPTI's clock as read by
+``time.time_ns``) in which its thread enqueued it: the API calls CUPTI records on that thread inside the window are the
+op's (``resolve``), so no id is pushed to CUPTI per op. Each harvest cuts the packed rows off as one int64 array and
+joins the flush's records to the waiting ops by op id with sorted NumPy arrays: no Python work per op in the common
+case (one kernel, one record). An op done on the device is never queried unless its records are late.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import numpy as np
 from .spans import KIND_CODE
 
 #: Columns of a packed op row, in order. ``name``: a code into ``CuptiOps.names`` (-1: see ``spilled``); ``many``: the
-#: op may produce several records (a staged copy, a graph launch).
-OP_FIELDS: tuple[str, ...] = ("op", "device", "stream", "kind", "bytes", "name", "pinned", "enqueue_ns", "many")
+#: op may produce several records (a staged copy, a graph launch); ``t0``, ``t1``: the enqueue window on the window
+#: clock (``t0`` is the op's enqueue time); ``thread``: ``threading.get_ident()`` of the enqueuing thread.
+OP_FIELDS: tuple[str, ...] = ("op", "device", "stream", "kind", "bytes", "name", "pinned", "t0", "many", "t1", "thread")
 ROW = struct.Struct(f"<{len(OP_FIELDS)}q")
 # ... and two more per waiting op: the harvest cycle it was cut in, and the cycle it was first seen done (-1 until).
 _SINCE, _DONE_AT = len(OP_FIELDS), len(OP_FIELDS) + 1
@@ -57,7 +60,13 @@ class CuptiOps:
         self._rec = {name: np.empty(0, np.int64) for name in ("op", "start", "end", "born")}
         self._code_lock = threading.Lock()
         self.lost = 0
+        self._cut = 0  # rows cut so far
         self.first_lost = ""
+
+    @property
+    def handed_over(self) -> int:
+        """Ops handed over so far (cut or not)."""
+        return self._cut + len(self.rows) // ROW.size
 
     def __len__(self) -> int:
         """Ops handed over and not yet turned into spans (or counted lost)."""
@@ -85,18 +94,23 @@ class CuptiOps:
         nbytes: int,
         name: str,
         pinned: int,
-        enqueue_ns: int,
+        t0: int,
         completion: Any,
         many: bool = False,
+        t1: int | None = None,
+        thread: int = 0,
     ) -> None:
-        """Hand over one enqueued op (``kind`` is a KIND_CODE); what ``Trace.record_op`` does inline."""
+        """Hand over one enqueued op (``kind`` is a KIND_CODE) enqueued by ``thread`` between ``t0`` and ``t1``;
+        what ``Trace.record_op`` does inline."""
         code = self.codes.get(name)
         if code is None:
             code = self.code_of(name, op_id)
         if many or kind != KIND_CODE["kernel"]:
             self.completions[op_id] = completion
         self.markers[device, stream] = completion  # before the row: a marker is never older than an op cut
-        self.rows += ROW.pack(op_id, device, stream, kind, nbytes, code, pinned, enqueue_ns, many)
+        self.rows += ROW.pack(
+            op_id, device, stream, kind, nbytes, code, pinned, t0, many, t0 if t1 is None else t1, thread
+        )
 
     def add_records(self, cols: dict[str, np.ndarray] | None, cycle: int) -> None:
         """Keep a flush's records that carry one of our op ids (external id > 0)."""
@@ -113,10 +127,38 @@ class CuptiOps:
         }
         self._rec = {k: np.concatenate([self._rec[k], fresh[k].astype(np.int64)]) for k in self._rec}
 
-    def harvest(self, cycle: int, offsets: np.ndarray) -> dict[str, np.ndarray] | None:
+    def resolve(self, thread: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """The op id of the waiting op in whose window each API call began on its thread (CUPTI's 32-bit thread id,
+        start on the window clock); -1 where none. A thread's ops are sequential, so its windows never overlap."""
+        ops = self._ops
+        out = np.full(start.size, -1, np.int64)
+        if not ops.shape[1] or not start.size:
+            return out
+        op_thread = ops[_C["thread"]] & 0xFFFFFFFF  # CUPTI keeps the low 32 bits of pthread_self()
+        one = bool((thread == thread[0]).all())  # the usual case: one launching thread (np.unique would sort)
+        for tid in [int(thread[0])] if one else np.unique(thread).tolist():
+            mine = np.flatnonzero(op_thread == tid)
+            if not mine.size:
+                continue
+            t0 = ops[_C["t0"], mine]
+            if bool((t0[1:] < t0[:-1]).any()):  # a thread's rows are appended in its launch order; in case not
+                order = np.argsort(t0, kind="stable")
+                mine, t0 = mine[order], t0[order]
+            calls = np.arange(thread.size) if one else np.flatnonzero(thread == tid)
+            at = np.searchsorted(t0, start[calls], "right") - 1
+            inside = at >= 0
+            at = mine[np.maximum(at, 0)]
+            inside &= start[calls] <= ops[_C["t1"], at]
+            out[calls[inside]] = ops[_C["op"], at[inside]]
+        return out
+
+    def harvest(
+        self, cycle: int, offsets: np.ndarray, window_offsets: np.ndarray | None = None
+    ) -> dict[str, np.ndarray] | None:
         """Span columns (kind, device, stream, start_ns, end_ns, enqueue_ns, bytes, name, pinned) of the ops whose
-        records are all in; ``offsets[device]`` maps the CUPTI clock onto the trace's (host = cupti - offset)."""
-        self._take_rows(cycle)
+        records are all in; ``offsets[device]`` maps the CUPTI clock onto the trace's (host = cupti - offset) and
+        ``window_offsets[device]`` the window clock (none given: it is the trace's)."""
+        self.take_rows(cycle)
         ops, rec = self._ops, self._rec
         n = ops.shape[1]
         if not n:
@@ -129,7 +171,8 @@ class CuptiOps:
         by_op = None if bool((rec_op[1:] >= rec_op[:-1]).all()) else np.argsort(rec_op, kind="stable")
         if by_op is not None:
             rec_op = rec_op[by_op]
-        first = np.flatnonzero(np.concatenate([[True], rec_op[1:] != rec_op[:-1]])) if rec_op.size else rec_op
+        is_first = np.concatenate([[True], rec_op[1:] != rec_op[:-1]]) if rec_op.size else np.zeros(0, bool)
+        first = np.flatnonzero(is_first)
         uniq = rec_op[first]
         rec_start, rec_end = (rec["start"], rec["end"]) if by_op is None else (rec["start"][by_op], rec["end"][by_op])
         starts = np.minimum.reduceat(rec_start, first) if first.size else first
@@ -167,13 +210,21 @@ class CuptiOps:
                 "stream": done[_C["stream"]],
                 "start_ns": starts[where] - off,
                 "end_ns": ends[where] - off,
-                "enqueue_ns": done[_C["enqueue_ns"]],
+                "enqueue_ns": done[_C["t0"]] if window_offsets is None else done[_C["t0"]] - window_offsets[dev],
                 "bytes": done[_C["bytes"]],
                 "name": self._names(done),
                 "pinned": done[_C["pinned"]],
             }
-            # The records of the ops made spans go (all of them, when every op waiting had its records).
-            used = np.ones(rec_op.size, bool) if every else np.isin(rec["op"], done[_C["op"]])
+            # The records of the ops made spans go (all of them, when every op waiting had its records): mark their
+            # runs of the op-sorted records, then put the marks back in the records' order.
+            if every:
+                used = np.ones(rec_op.size, bool)
+            else:
+                run_used = np.zeros(uniq.size, bool)
+                run_used[where] = True
+                used = run_used[np.cumsum(is_first) - 1]
+                if by_op is not None:
+                    used[by_op] = used.copy()
             self._drop_records(used | (rec["born"] < cycle - ORPHAN_AFTER))
         gone = ready | lost
         if gone.any():
@@ -187,7 +238,7 @@ class CuptiOps:
                 del self._marks[c]
         return rows
 
-    def _take_rows(self, cycle: int) -> None:
+    def take_rows(self, cycle: int) -> None:
         """Move the packed rows handed over since the last harvest into the waiting ops, and note the markers."""
         packed = self.rows
         cut = len(packed) // ROW.size * ROW.size
@@ -195,6 +246,7 @@ class CuptiOps:
             return
         block = np.frombuffer(packed[:cut], np.int64).reshape(-1, len(OP_FIELDS))
         del packed[:cut]
+        self._cut += block.shape[0]
         self._marks[cycle] = dict(self.markers)  # taken after the cut: as new as every op cut, or newer
         old = self._ops
         grown = np.empty((old.shape[0], old.shape[1] + block.shape[0]), np.int64)

@@ -1,9 +1,10 @@
 """Trace: records every op of every device as spans on one host clock, harvested in the background, never syncing.
 
-The front end reports each op as it is enqueued (``op_begin`` / ``op_end``) with the backend's completion handle. A
-harvester thread polls those handles (a non-blocking query) and, once an op is done, turns its device-clock start and
-end into host-clock nanoseconds using one clock sample per device taken when the device first appears in the trace.
-Where CUPTI is available on CUDA, spans come from its activity records instead (see ``trace/cupti.py``).
+The front end reports each op as it is enqueued (``record_op``, or ``op_id`` / ``op_end``) with the backend's
+completion handle. A harvester thread polls those handles (a non-blocking query) and, once an op is done, turns its
+device-clock start and end into host-clock nanoseconds using one clock sample per device taken when the device first
+appears in the trace. Where CUPTI is available on CUDA, spans come from its activity records instead (see
+``trace/cupti.py`` and ``trace/cupti_ops.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ CUPTI_HANDOFF_S = 2.0
 _DRAIN_S = 0.01
 _PACK = ROW.pack
 _now = time.perf_counter_ns
+#: The clock of CUPTI ops' enqueue windows: CUPTI's own on Linux (CLOCK_REALTIME, checked when CUPTI starts).
+_wall = time.time_ns
+_ident = threading.get_ident
 _KERNEL = KIND_CODE["kernel"]
 
 
@@ -121,6 +125,7 @@ class TraceStats:
     pending: int = 0
     dropped: int = 0
     lost: int = 0  # ops whose span never arrived (e.g. no CUPTI record); listed in warnings
+    unplaced_calls: int = 0  # CUDA calls CUPTI recorded outside every traced op (other code's launches)
     harvest_cycles: int = 0
     harvest_cpu_s: float = 0.0  # CPU time the harvester thread spent (what tracing takes from the host)
     warnings: list[str] = field(default_factory=list)
@@ -144,9 +149,9 @@ class Trace:
         self._pending: deque[tuple] = deque()  # ops timed by events, not yet looked at (layout above)
         self._waiting: list[tuple] = []  # ... and those looked at, not done yet
         self._cupti_ops = CuptiOps()
-        self._ext_push: Any = None  # CUPTI's push / pop of external ids, bound once the source starts
-        self._ext_pop: Any = None
-        self._ext_kind = 0
+        #: CUPTI's clock minus the window clock (0: the same clock), and whether it must be sampled at each harvest.
+        self._window_offset = 0
+        self._window_drifts = False
         self._lock = threading.Lock()
         self._devices: dict[int, DeviceClock] = {}  # trace device number -> clock
         self._device_numbers: dict[int, int] = {}  # id(Device state) -> trace device number
@@ -156,12 +161,20 @@ class Trace:
         self._cupti: Any = None
         self._cupti_tried = False
         self._cupti_reason = ""
-        self.stats = TraceStats()
+        self._stats = TraceStats()
+        self._event_ops = 0  # ops timed by events handed over (CUPTI ops are counted by CuptiOps)
         self.started_ns = self.stopped_ns = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._op_ids = itertools.count(1)
         self.version = 0  # bumped whenever spans or memory samples are added
+
+    @property
+    def stats(self) -> TraceStats:
+        """Counters that say how complete this trace is (``ops`` counted as of now)."""
+        stats = self._stats
+        stats.ops = self._event_ops + self._cupti_ops.handed_over
+        return stats
 
     # ------------------------------------------------------------------ lifetime
     def start(self) -> Trace:
@@ -259,8 +272,20 @@ class Trace:
             return self._cupti_reason
         _CUPTI_OWNER = self
         self._cupti = source
-        self._ext_push, self._ext_pop, self._ext_kind = source.external_id_calls()
+        self._window_offset, self._window_drifts = self._sample_window_offset()
         return ""
+
+    def _sample_window_offset(self) -> tuple[int, bool]:
+        """CUPTI's clock minus the window clock, and False where they are one clock (the offset is then 0)."""
+        cupti_ns, wall_ns, err = self._cupti.clock_sample(_wall)
+        offset = cupti_ns - wall_ns
+        if abs(offset) <= err + 1000:
+            return 0, False
+        return offset, True
+
+    def _resolve(self, thread: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """Place CUPTI API calls (thread id, start on CUPTI's clock) in the enqueue windows of the waiting ops."""
+        return self._cupti_ops.resolve(thread, start - self._window_offset)
 
     def _stream_info(self, stream: Any) -> tuple[int, bool, tuple[int, int]]:
         """(device number, spans from CUPTI, (device number, stream id)) of a stream, kept for the launch path."""
@@ -287,7 +312,6 @@ class Trace:
         """Enqueue one op through ``call(timed)`` and record it: the fast path when one trace records.
 
         ``many``: the op may show as several CUPTI records (a graph launch); copies are assumed to."""
-        enqueue_ns = _now()
         info = self._streams.get(stream)
         if info is None:
             info = self._stream_info(stream)
@@ -295,12 +319,9 @@ class Trace:
         op_id = next(self._op_ids)
         # A zero-byte copy or memset does nothing on the device, so CUPTI sees nothing: time it with events instead.
         if cupti and (nbytes > 0 or kind == "kernel"):
-            ext_kind = self._ext_kind
-            self._ext_push(ext_kind, op_id)
-            try:
-                completion = call(False)
-            finally:
-                self._ext_pop(ext_kind)
+            t0 = _wall()  # the API calls CUPTI records on this thread from here to t1 are this op's
+            completion = call(False)
+            t1 = _wall()
             stream._track(completion, keep)
             ops = self._cupti_ops  # CuptiOps.add, inlined: this is the launch path
             code = ops.codes.get(name)
@@ -311,26 +332,18 @@ class Trace:
                 ops.completions[op_id] = completion
             ops.markers[key] = completion
             rows = ops.rows  # extended in place: the harvester cuts the same bytearray
-            rows += _PACK(op_id, number, key[1], kind_code, nbytes, code, pinned, enqueue_ns, many)
-            self.stats.ops += 1
+            rows += _PACK(op_id, number, key[1], kind_code, nbytes, code, pinned, t0, many, t1, _ident())
             return completion
+        enqueue_ns = _now()
         completion = call(True)
         stream._track(completion, keep)
-        self.stats.ops += 1
+        self._event_ops += 1
         self._pending.append((op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion))
         return completion
 
-    def op_begin(self, device_number: int, kind: str = "kernel", nbytes: int = 1) -> int:
-        """Reserve an op id; on a CUPTI device it is pushed as the external correlation id of what follows."""
-        op_id = next(self._op_ids)
-        if self.uses_cupti(device_number, kind, nbytes):
-            self._ext_push(self._ext_kind, op_id)
-        return op_id
-
-    def op_abort(self, op_id: int, device_number: int, kind: str = "kernel", nbytes: int = 1) -> None:
-        """The backend refused the op after ``op_begin``: undo the external-id push, record nothing."""
-        if self.uses_cupti(device_number, kind, nbytes):
-            self._ext_pop(self._ext_kind)
+    def op_id(self) -> int:
+        """Reserve an op id (for ``op_end``)."""
+        return next(self._op_ids)
 
     def op_end(
         self,
@@ -344,15 +357,21 @@ class Trace:
         enqueue_ns: int,
         completion: Any,
         many: bool = False,
+        window: tuple[int, int] = (0, 0),
     ) -> None:
-        """Hand over an enqueued op; its span is filled in once the completion reports done."""
-        op = (op_id, device_number, stream, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion)
+        """Hand over an op enqueued at ``enqueue_ns`` (host clock) by this thread within ``window`` (the window clock,
+        ``time.time_ns``); its span is filled in once the completion reports done."""
+        kind_code = KIND_CODE[kind]
         if self.uses_cupti(device_number, kind, nbytes):
-            self._ext_pop(self._ext_kind)
-            self._cupti_ops.add(*op, many)
+            t0, t1 = window
+            self._cupti_ops.add(
+                op_id, device_number, stream, kind_code, nbytes, name, pinned, t0, completion, many, t1, _ident()
+            )
         else:
-            self._pending.append(op)
-        self.stats.ops += 1
+            self._pending.append(
+                (op_id, device_number, stream, kind_code, nbytes, name, pinned, enqueue_ns, completion)
+            )
+            self._event_ops += 1
 
     def host_event(self, device_number: int, kind: str, nbytes: int, name: str, start_ns: int, end_ns: int) -> None:
         """Record a host-side event (alloc, free, marker) that took place between two host times."""
@@ -416,10 +435,16 @@ class Trace:
         cupti_rows = None
         ops = self._cupti_ops
         if self._cupti is not None:
-            ops.add_records(self._cupti.flush_columns(eager=not self.recording, full=False), cycle)
+            ops.take_rows(cycle)  # before the flush: the windows of the ops handed over so far place its API calls
+            if self._window_drifts:
+                self._window_offset = self._sample_window_offset()[0]
+            records = self._cupti.flush_columns(eager=not self.recording, full=False, resolve=self._resolve)
+            ops.add_records(records, cycle)
+            self.stats.unplaced_calls = self._cupti.unplaced_calls
             if len(ops):
                 lost = ops.lost
-                cupti_rows = ops.harvest(cycle, np.array([offsets[n] for n in range(len(offsets))], np.int64))
+                off = np.array([offsets[n] for n in range(len(offsets))], np.int64)
+                cupti_rows = ops.harvest(cycle, off, off - self._window_offset)
                 if ops.lost > lost:
                     self.stats.lost += ops.lost - lost
                     self._warn_once(f"no CUPTI record arrived for some ops (first: {ops.first_lost!r}): missing")
@@ -463,6 +488,7 @@ class Trace:
         global _CUPTI_OWNER
         if self._cupti is not None:
             self._cupti.stop()
+            self.stats.unplaced_calls = self._cupti.unplaced_calls
             if _CUPTI_OWNER is self:
                 _CUPTI_OWNER = None
 

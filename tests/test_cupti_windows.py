@@ -1,0 +1,155 @@
+"""How a CUPTI trace tags records with its ops without pushing ids: each API call CUPTI records (thread, start) is
+placed in the window of host time in which that thread enqueued one of our ops. Hand-made columns and buffers: runs
+without a GPU (no libcupti is loaded). On a GPU, tests/test_cuda.py checks the same end to end."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from gpuworkbench.trace import cupti as cupti_mod
+from gpuworkbench.trace.cupti_join import ExternalIdJoin
+from gpuworkbench.trace.cupti_ops import CuptiOps
+from gpuworkbench.trace.spans import KIND_CODE
+
+MAIN, OTHER = 0x7F92_2C5C_2140, 0x7F8F_B4CE_F6C0  # pthread_self() values; CUPTI reports their low 32 bits
+LOW = 0xFFFF_FFFF
+
+
+class Done:
+    def done(self):
+        return True
+
+
+def launch(ops: CuptiOps, op_id: int, t0: int, t1: int, thread: int = MAIN, kind: str = "kernel") -> None:
+    ops.add(op_id, 0, 7, KIND_CODE[kind], 64, f"op{op_id}", -1, t0, Done(), False, t1, thread)
+
+
+def test_a_call_is_placed_in_the_window_of_its_threads_op():
+    ops = CuptiOps()
+    launch(ops, 1, 100, 200)
+    launch(ops, 2, 300, 400)
+    launch(ops, 3, 150, 250, thread=OTHER)  # overlaps op 1 in time, on another thread
+    ops.take_rows(1)
+    thread = np.array([MAIN & LOW, MAIN & LOW, OTHER & LOW, MAIN & LOW, MAIN & LOW, 12345])
+    start = np.array([120, 399, 160, 250, 50, 160])  # 250: between op 1 and 2 (another library's launch); 50: before
+    assert ops.resolve(thread, start).tolist() == [1, 2, 3, -1, -1, -1]
+
+
+def test_a_thread_id_matches_on_its_low_32_bits_only():
+    ops = CuptiOps()
+    launch(ops, 1, 100, 200, thread=(5 << 32) | 77)
+    ops.take_rows(1)
+    assert ops.resolve(np.array([77, 5]), np.array([150, 150])).tolist() == [1, -1]
+
+
+def test_a_call_delivered_before_its_op_is_handed_over_waits_then_others_are_dropped():
+    ops, join = CuptiOps(), ExternalIdJoin(hold_flushes=2)
+    calls = {"thread": np.array([MAIN & LOW] * 2), "start": np.array([150, 900]), "correlation_id": np.array([41, 42])}
+    kernels = {
+        "start": np.array([1000, 2000]),
+        "end": np.array([1010, 2010]),
+        "correlation_id": np.array([41, 42]),
+        "runtime_correlation_id": np.zeros(2, np.int64),
+    }
+    # Flush 1: CUPTI delivered both calls and their kernels; the op's row was not cut yet.
+    assert join.join(kernels, calls=calls, resolve=ops.resolve) is None
+    launch(ops, 1, 100, 200)
+    ops.take_rows(2)
+    out = join.join(None, resolve=ops.resolve)  # flush 2: call 41 is placed, its kernel released with op 1's id
+    assert out["correlation_id"].tolist() == [41] and out["external_id"].tolist() == [1]
+    out = join.join(None, resolve=ops.resolve)  # flush 3: call 42 was in no window: dropped, its kernel released
+    assert out["correlation_id"].tolist() == [42] and out["external_id"].tolist() == [-1]
+    assert join.unplaced_calls == 1 and join.join(None, resolve=ops.resolve) is None
+
+
+def test_enqueue_time_is_the_window_start_on_the_trace_clock():
+    ops = CuptiOps()
+    launch(ops, 1, 5_000, 6_000)
+    ops.take_rows(1)
+    ops.add_records({"external_id": np.array([1]), "start": np.array([7_000]), "end": np.array([8_000])}, 1)
+    rows = ops.harvest(1, np.array([100]), window_offsets=np.array([40]))
+    assert (rows["start_ns"].tolist(), rows["enqueue_ns"].tolist()) == ([6_900], [4_960])
+
+
+# -- from raw activity bytes, through CuptiSource's decode and join --------------------------------------------------
+
+API, KERNEL = 5, 10  # CUPTI_ACTIVITY_KIND_RUNTIME, CONCURRENT_KERNEL
+SIZES = {API: 40, KERNEL: 200, 39: 24}
+
+
+def api_record(start: int, thread: int, corr: int) -> bytes:
+    return struct.pack("<IIQQIIII", API, 211, start, start + 500, 4242, thread, corr, 0)
+
+
+def kernel_record(start: int, end: int, corr: int) -> bytes:
+    rec = bytearray(SIZES[KERNEL])
+    struct.pack_into("<I", rec, 0, KERNEL)
+    struct.pack_into("<QQ", rec, 16, start, end)
+    struct.pack_into("<I", rec, 92, corr)
+    return bytes(rec)
+
+
+def offline_source() -> cupti_mod.CuptiSource:
+    """A CuptiSource that decodes hand-made buffers by cupti.h's layouts (no libcupti, never flushes CUPTI)."""
+    src = cupti_mod.CuptiSource()
+    raw = object.__new__(cupti_mod._RawCupti)
+    raw.size_words = [cupti_mod._UNVERIFIED] * cupti_mod._MAX_KIND
+    for kind, size in SIZES.items():
+        raw.size_words[kind] = size // 4
+    raw.last_walk_status = 0
+    src._raw = raw
+    src._fields = {k: dict(v) for k, v in cupti_mod._BUILTIN_FIELDS.items()}
+    src._k_kernels, src._k_memcpy, src._k_memset, src._k_ext, src._k_api = (KERNEL, 3), 1, 2, 39, (4, API)
+    return src
+
+
+def test_raw_buffers_join_kernels_to_the_ops_whose_windows_hold_their_calls():
+    src, ops = offline_source(), CuptiOps()
+    launch(ops, 1, 1_000, 2_000)
+    launch(ops, 2, 3_000, 4_000)
+    ops.take_rows(1)
+    data = b"".join(
+        [
+            api_record(1_500, MAIN & LOW, 7),
+            api_record(2_500, MAIN & LOW, 8),  # a launch made between our ops: not ours
+            api_record(3_100, MAIN & LOW, 9),
+            kernel_record(10_000, 10_100, 7),
+            kernel_record(10_200, 10_300, 8),
+            kernel_record(10_400, 10_900, 9),
+        ]
+    )
+    src._ingest(data)
+    out = src.flush_columns(eager=True, full=False, resolve=ops.resolve)
+    assert out["start"].tolist() == [10_000, 10_200, 10_400]
+    assert out["external_id"].tolist() == [1, -1, 2]
+    ops.add_records(out, 1)
+    rows = ops.harvest(1, np.array([0]))
+    assert rows["name"].tolist() == ["op1", "op2"] and rows["end_ns"].tolist() == [10_100, 10_900]
+    assert src.unplaced_calls == 1
+
+
+class FakeClock:
+    """A CUPTI source whose clock reads ``offset`` ns ahead of the window clock (``time.time_ns``)."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def clock_sample(self, host):
+        now = host()
+        return now + self.offset, now, 150
+
+
+def test_windows_use_cuptis_clock_as_is_when_it_is_the_window_clock_else_a_sampled_offset():
+    from gpuworkbench.trace.recorder import Trace
+
+    t = Trace()
+    t._cupti = FakeClock(40)  # CUPTI reads CLOCK_REALTIME: the same clock, within the sample's error
+    assert t._sample_window_offset() == (0, False)
+    t._cupti = FakeClock(5_000_000)  # another clock: mapped by an offset sampled at each harvest
+    assert t._sample_window_offset() == (5_000_000, True)
+    t._window_offset = 5_000_000
+    launch(t._cupti_ops, 1, 1_000, 2_000)
+    t._cupti_ops.take_rows(1)
+    assert t._resolve(np.array([MAIN & LOW]), np.array([5_001_500])).tolist() == [1]
