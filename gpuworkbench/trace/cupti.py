@@ -45,7 +45,7 @@ _API_PREFIXES: dict[str, tuple[str, ...]] = {
     "driver": ("cuLaunch", "cuMemcpy", "cuMemset", "cuGraphLaunch"),
     "runtime": ("cudaLaunch", "cudaMemcpy", "cudaMemset", "cudaGraphLaunch"),
 }
-#: Size of each activity buffer handed to CUPTI (a launch costs ~270 bytes of records: kernel, API, external id).
+#: Size of each activity buffer handed to CUPTI (a traced launch costs 256 bytes of records: kernel, API call).
 #: Small enough that CUPTI hands full buffers back by itself every few ms of busy launching.
 BUFFER_BYTES = 512 << 10
 #: ``flush_columns`` asks CUPTI to flush only when no buffer has come back for this long (a flush holds CUPTI's
@@ -273,9 +273,10 @@ class _RawCupti:
     def walk(self, data: Any) -> np.ndarray:
         """Offsets (in 4-byte words) of the records in ``data``: by the verified sizes, else by CUPTI's walk.
 
-        Record by record in Python, except where the last few records repeat (a launch loop writes API, external-id
-        and kernel records over and over): then the repetitions that follow are checked in one NumPy step, each
-        predicted record's kind word being the one whose size predicted the next, so the result is the same walk."""
+        Record by record in Python, except where the last few records repeat (a launch loop writes API and kernel
+        records, and external-id ones where ids are pushed, over and over): then the repetitions that follow are
+        checked in one NumPy step, each predicted record's kind word being the one whose size predicted the next, so
+        the result is the same walk."""
         self.last_walk_status = 0
         if len(data) % 8 == 0:
             words = memoryview(data).cast("I")
