@@ -12,7 +12,6 @@ import json
 import statistics
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -167,18 +166,37 @@ def main() -> None:
         src.flush_columns()
         return us
 
-    def traced(source: str, interval_s: float = 0.05, key: str = "") -> float:
-        key = key or f"{source}_{interval_s}"
+    def traced(source: str, interval_s: float = 0.05, key: str = "", watch: bool = False) -> float:
+        """µs per launch inside a trace. ``watch``: a thread polls ``t.version`` at 20 Hz, as a live dashboard does,
+        so the harvester decodes at every wake-up; unwatched, a CUPTI trace defers decoding to after the loop, and
+        ``drain_us`` (stop to every span made) and ``harvest_cpu_total_us`` (the harvester's CPU, drain included)
+        show what that moved out of the loop."""
+        key = key or f"{source}_{interval_s}" + ("_watched" if watch else "")
         with gw.trace(source=source, interval_s=interval_s) as t:
+            halt = threading.Event()
+
+            def poll() -> None:
+                while not halt.wait(0.05):
+                    t.version  # noqa: B018  what a live view reads
+
+            watcher = threading.Thread(target=poll)
+            if watch:
+                watcher.start()
             ours()
             cpu0 = t.stats.harvest_cpu_s
             main_cpu: list[float] = []
             us = per_launch_us(ours, count, cpu=main_cpu)
             harvest_cpu = t.stats.harvest_cpu_s - cpu0
-        results.setdefault(f"main_cpu_us_{key}", []).append(statistics.median(main_cpu))
-        results.setdefault(f"harvest_cpu_us_{key}", []).append(harvest_cpu / (3 * count) * 1e6)
+            halt.set()
+            if watch:
+                watcher.join()
+        d0 = time.perf_counter()
         assert t.wait_pending(60)
         t._thread.join(10)  # its CUPTI source stops with it: the next variant may start one
+        results.setdefault(f"drain_us_{key}", []).append((time.perf_counter() - d0) / (4 * count) * 1e6)
+        results.setdefault(f"main_cpu_us_{key}", []).append(statistics.median(main_cpu))
+        results.setdefault(f"harvest_cpu_us_{key}", []).append(harvest_cpu / (3 * count) * 1e6)
+        results.setdefault(f"harvest_cpu_total_us_{key}", []).append(t.stats.harvest_cpu_s / (4 * count) * 1e6)
         assert t.stats.lost == 0, t.stats.warnings
         results.setdefault(f"spans_{key}", []).append(len(t))
         return us
@@ -270,21 +288,11 @@ def main() -> None:
         "raw_cupy_cupti_push_pop_bare_flush": lambda: raw_cupti(True, bare=True),
         "ours_untraced": untraced,
         "ours_cupti": lambda: traced("cupti"),
+        "ours_cupti_watched": lambda: traced("cupti", watch=True),
         "ours_cupti_flush_each_4MiB": flush_each,
         "ours_events": lambda: traced("events"),
     }
     pools = dev._backend._pools
-
-    def big_pool(fn: Callable[[], float]) -> float:
-        """``fn`` with event pools that keep 64 Ki free events instead of 4 Ki (does the trace churn events?)."""
-        saved = [p._free for p in pools]
-        for p in pools:
-            p._free = deque(p._free, maxlen=1 << 16)
-        try:
-            return fn()
-        finally:
-            for p, free in zip(pools, saved):
-                p._free = free
 
     def counted(name: str, fn: Callable[[], float]) -> Callable[[], float]:
         def run() -> float:
@@ -301,7 +309,8 @@ def main() -> None:
             "ours_untraced_cupti_on": bare_cupti,
             "ours_cupti_no_harvest": lambda: traced("cupti", interval_s=1000.0, key="no_harvest"),
             "ours_cupti": lambda: traced("cupti"),
-            "ours_cupti_big_pool": lambda: big_pool(lambda: traced("cupti", key="big_pool")),
+            "ours_cupti_watched": lambda: traced("cupti", watch=True),
+            "ours_cupti_again": lambda: traced("cupti", key="again"),
         }
         variants = {name: counted(name, fn) for name, fn in variants.items()}
     results: dict = {"device": dev.name, "count": count, "date": time.strftime("%Y-%m-%d")}
@@ -322,7 +331,7 @@ def main() -> None:
                 summary[f"ratio_{name}"] = statistics.median(pairs[0] / pairs[1])
                 summary[f"added_us_{name}"] = statistics.median(pairs[0] - pairs[1])
     for key, values in results.items():
-        if key.startswith(("main_cpu", "harvest_cpu", "events_created")):
+        if key.startswith(("main_cpu", "harvest_cpu", "events_created", "drain_us")):
             summary[key] = statistics.median(values)
     results["median"] = summary
     print(json.dumps(summary, indent=1))

@@ -298,3 +298,33 @@ def test_cupti_spans_go_to_the_ops_whose_calls_they_are_among_other_launches_and
     assert [sp.name for sp in ours] == [f"ours-{i}" for i in range(n)]  # in launch order on their stream
     s.close()
     s2.close()
+
+
+def test_an_unread_cupti_trace_defers_decoding_and_a_live_reader_gets_spans_while_it_records(dev):
+    """While nobody reads a recording CUPTI trace, its harvester only has CUPTI hand back buffers; a read decodes
+    them then and there, and a live view polling ``version`` gets spans at every harvest, as before."""
+    pytest.importorskip("cupti")
+    import time
+
+    empty = dev.compile('extern "C" __global__ void empty(float* x) {}', "empty")
+    s = dev.create_stream("deferred")
+    with dev.alloc(1) as b:
+        with gw.trace(source="cupti", interval_s=0.02) as t:
+            for i in range(3000):
+                empty(1, 32, (b,), stream=s, name=f"k{i}")
+            s.synchronize()
+            time.sleep(0.3)  # harvester wake-ups, nobody reading
+            assert t.stats.deferred_harvests >= 5 and len(t) == 0
+            assert len(t.table(wait=False)["kind"]) == 3000  # a read decodes at once, no wait
+            version = t.version  # watched from now on
+            for i in range(1000):
+                empty(1, 32, (b,), stream=s, name=f"w{i}")
+            s.synchronize()
+            deadline = time.monotonic() + 5
+            while t.version == version or len(t) < 4000:  # the harvester decodes on its own now
+                assert time.monotonic() < deadline, (len(t), t.stats)
+                time.sleep(0.01)
+        assert t.wait_pending(30) and t.stats.lost == 0
+    kernels = [sp for sp in t.spans if sp.kind == "kernel"]
+    assert [sp.name for sp in kernels] == [f"k{i}" for i in range(3000)] + [f"w{i}" for i in range(1000)]
+    s.close()

@@ -153,3 +153,81 @@ def test_windows_use_cuptis_clock_as_is_when_it_is_the_window_clock_else_a_sampl
     launch(t._cupti_ops, 1, 1_000, 2_000)
     t._cupti_ops.take_rows(1)
     assert t._resolve(np.array([MAIN & LOW]), np.array([5_001_500])).tolist() == [1]
+
+
+# -- a recording trace that nobody reads leaves CUPTI's records undecoded ---------------------------------------------
+
+
+def wait_for(check, timeout_s: float = 5.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def offline_trace():
+    """A recording Trace whose CUPTI source decodes hand-made buffers, on one device whose spans come from it."""
+    from gpuworkbench.trace.recorder import DeviceClock, Trace
+
+    t = Trace(interval_s=0.005)
+    t._cupti = offline_source()
+    t._devices[0] = DeviceClock(key="cuda:0", name="offline", source="cupti")
+    t._cupti_flags.append(True)
+    return t.start()
+
+
+def feed(t, op_id: int, corr: int) -> None:
+    """One of our kernels: its op handed over, then CUPTI's API and kernel records of it delivered."""
+    base = op_id * 10_000
+    launch(t._cupti_ops, op_id, base, base + 1_000)
+    t._cupti._ingest(api_record(base + 500, MAIN & LOW, corr) + kernel_record(base + 5_000, base + 5_100, corr))
+
+
+def test_an_unread_recording_trace_defers_decoding_until_a_read():
+    t = offline_trace()
+    try:
+        feed(t, 1, 7)
+        assert wait_for(lambda: t.stats.deferred_harvests >= 3)
+        assert len(t) == 0 and t.stats.harvest_cycles == 0 and t._cupti.backlog_bytes > 0
+        table = t.table(wait=False)  # a read decodes what was deferred, at once
+        assert table["name"].tolist() == ["op1"] and table["start_ns"].tolist() == [15_000]
+        assert t._cupti.backlog_bytes == 0 and not t._deferred
+    finally:
+        t.stop()
+    assert t.wait_pending(5) and t.stats.lost == 0
+
+
+def test_a_watched_trace_decodes_at_every_harvest_and_stopping_decodes_the_rest():
+    t = offline_trace()
+    try:
+        feed(t, 1, 7)
+        assert wait_for(lambda: t.stats.deferred_harvests >= 2) and len(t) == 0
+        assert t.version == 0  # a live view polls the version: from now on the harvester decodes
+        assert wait_for(lambda: len(t) == 1)  # no read of the spans themselves
+        assert t.version == 1
+        t._read_at = -1e9  # nobody watching any more
+        deferred = t.stats.deferred_harvests
+        feed(t, 2, 8)
+        assert wait_for(lambda: t.stats.deferred_harvests >= deferred + 2) and len(t) == 1
+    finally:
+        t.stop()
+    assert t.wait_pending(5)
+    assert [s.name for s in t.spans] == ["op1", "op2"] and t.stats.lost == 0
+
+
+def test_a_backlog_past_the_bound_is_decoded_even_unread(monkeypatch):
+    from gpuworkbench.trace import recorder
+
+    monkeypatch.setattr(recorder, "DEFER_BYTES", 512)  # one op's row and records are 88 + 240 bytes
+    t = offline_trace()
+    try:
+        feed(t, 1, 7)
+        assert wait_for(lambda: t.stats.deferred_harvests >= 2) and len(t) == 0
+        feed(t, 2, 8)
+        assert wait_for(lambda: len(t) == 2)
+    finally:
+        t.stop()

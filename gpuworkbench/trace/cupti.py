@@ -560,19 +560,7 @@ class CuptiSource:
         start)``: the external id of the op each API call (CUPTI thread id, start on CUPTI's clock) was made in, -1
         if none: how a trace tags its ops' records without pushing ids (see ``ExternalIdJoin.place_calls``)."""
         with self._flush_lock:
-            now = time.monotonic()
-            due = (
-                eager
-                or FLUSH_IDLE_S is None
-                or now - max(self._delivered, self._flushed) >= FLUSH_IDLE_S
-                or now - self._flushed >= FLUSH_MAX_S
-            )
-            if due and self._running and self._raw is not None:
-                self._flushed = now
-                status = self._raw.flush_all(0)
-                if status:
-                    self.callback_errors += 1
-                    self.last_callback_error = f"flush: {_describe(_CuptiCallFailed('flush', status), self._cupti)}"
+            self._flush_if_due(eager)
             blob, ends = self._take_incoming()
             try:
                 cols, ext, calls = self._decode(blob, ends, full, calls=resolve is not None)
@@ -582,6 +570,32 @@ class CuptiSource:
                 cols, ext, calls = None, (_NONE, _NONE), None
             wait = (self._pushed or resolve is not None) and self._running
             return self._joiner.join(cols, *ext, wait=wait, ordered=full, calls=calls, resolve=resolve)
+
+    def flush_due(self) -> None:
+        """Ask CUPTI to hand back its partly filled buffers if a flush is due (see ``FLUSH_IDLE_S``), decoding
+        nothing: their bytes wait for the next ``flush_columns``."""
+        with self._flush_lock:
+            self._flush_if_due(False)
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes of records handed back by CUPTI and not decoded yet (about 256 per traced launch)."""
+        return len(self._incoming)
+
+    def _flush_if_due(self, eager: bool) -> None:
+        now = time.monotonic()
+        due = (
+            eager
+            or FLUSH_IDLE_S is None
+            or now - max(self._delivered, self._flushed) >= FLUSH_IDLE_S
+            or now - self._flushed >= FLUSH_MAX_S
+        )
+        if due and self._running and self._raw is not None:
+            self._flushed = now
+            status = self._raw.flush_all(0)
+            if status:
+                self.callback_errors += 1
+                self.last_callback_error = f"flush: {_describe(_CuptiCallFailed('flush', status), self._cupti)}"
 
     @property
     def unplaced_calls(self) -> int:

@@ -4,7 +4,9 @@ The front end reports each op as it is enqueued (``record_op``, or ``op_id`` / `
 completion handle. A harvester thread polls those handles (a non-blocking query) and, once an op is done, turns its
 device-clock start and end into host-clock nanoseconds using one clock sample per device taken when the device first
 appears in the trace. Where CUPTI is available on CUDA, spans come from its activity records instead (see
-``trace/cupti.py`` and ``trace/cupti_ops.py``).
+``trace/cupti.py`` and ``trace/cupti_ops.py``); while such a trace records and nobody reads it, the harvester only
+has CUPTI hand back its buffers and leaves decoding them for the first read, for stopping, or for a bounded backlog
+(``DEFER_BYTES``), so that tracing takes as little as it can from the launches it measures.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ _CUPTI_OWNER: Trace | None = None
 CUPTI_HANDOFF_S = 2.0
 #: Polling period of a stopped trace's harvester while its last ops finish (and of ``wait_pending``).
 _DRAIN_S = 0.01
+#: While a CUPTI trace records and nobody reads it, its harvester only has CUPTI hand back its buffers (>= 10 Hz) and
+#: leaves the records undecoded, up to this many bytes (~256 a launch): decoding them would compete for the GIL with
+#: the very launches being measured. A read, stopping, or this much backlog decodes them.
+DEFER_BYTES = 64 << 20
+#: ... and while fewer than this many ops of several records (copies, graph launches) hold their completions.
+DEFER_COMPLETIONS = 1024
+#: A trace counts as watched (decoded at every harvest, for live views) for this long after ``version`` is read.
+WATCH_S = 1.0
 _PACK = ROW.pack
 _now = time.perf_counter_ns
 #: The clock of CUPTI ops' enqueue windows: CUPTI's own on Linux (CLOCK_REALTIME, checked when CUPTI starts).
@@ -127,6 +137,7 @@ class TraceStats:
     lost: int = 0  # ops whose span never arrived (e.g. no CUPTI record); listed in warnings
     unplaced_calls: int = 0  # CUDA calls CUPTI recorded outside every traced op (other code's launches)
     harvest_cycles: int = 0
+    deferred_harvests: int = 0  # harvester wake-ups that only had CUPTI hand back buffers (nobody was reading)
     harvest_cpu_s: float = 0.0  # CPU time the harvester thread spent (what tracing takes from the host)
     warnings: list[str] = field(default_factory=list)
 
@@ -167,7 +178,17 @@ class Trace:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._op_ids = itertools.count(1)
-        self.version = 0  # bumped whenever spans or memory samples are added
+        self._version = 0  # bumped whenever spans or memory samples are added
+        self._read_at = -WATCH_S  # monotonic time of the last ``version`` read
+        self._deferred = False  # records left undecoded by the harvester since the last harvest
+        self._harvest_lock = threading.RLock()
+
+    @property
+    def version(self) -> int:
+        """Bumped whenever spans or memory samples are added. Live views poll it: reading it marks the trace as
+        watched, so that a CUPTI trace decodes its records at every harvest rather than deferring them."""
+        self._read_at = time.monotonic()
+        return self._version
 
     @property
     def stats(self) -> TraceStats:
@@ -383,7 +404,7 @@ class Trace:
         with self._lock:
             row = {"device": device_number, "t_ns": time.perf_counter_ns(), "held_bytes": held, "used_bytes": used}
             self._memory.append(row)
-            self.version += 1
+            self._version += 1
 
     def label_stream(self, device_number: int, stream: int, label: str) -> None:
         self._stream_labels[(device_number, stream)] = label
@@ -403,7 +424,7 @@ class Trace:
                 "pinned": pin,
             }
         )
-        self.version += 1
+        self._version += 1
 
     def _harvest_loop(self) -> None:
         stopping = False
@@ -414,7 +435,12 @@ class Trace:
                 stopping = self._stop.wait(self.interval_s)
             cpu = time.thread_time()
             try:
-                self.harvest()
+                if self._defers():
+                    self._cupti.flush_due()
+                    self._deferred = True
+                    self._stats.deferred_harvests += 1
+                else:
+                    self.harvest()
             except Exception as exc:  # noqa: BLE001 - a harvester crash must be visible, not silent
                 self.stats.warnings.append(f"harvester error: {exc!r}")
                 warnings.warn(f"gpuworkbench trace harvester error: {exc!r}", RuntimeWarning, stacklevel=1)
@@ -423,12 +449,36 @@ class Trace:
                 self._finish_cupti()
                 return
 
+    def _defers(self) -> bool:
+        """Whether this wake-up may leave CUPTI's records undecoded: recording, unwatched, a bounded backlog, and no
+        ops timed by events waiting (their pooled events are held until harvested)."""
+        cupti = self._cupti
+        return (
+            cupti is not None
+            and self.recording
+            and time.monotonic() - self._read_at > WATCH_S
+            and not self._pending
+            and not self._waiting
+            and len(self._cupti_ops.completions) < DEFER_COMPLETIONS
+            and cupti.backlog_bytes + len(self._cupti_ops.rows) < DEFER_BYTES
+        )
+
+    def _catch_up(self) -> None:
+        """Decode what the harvester deferred, for a reader while the trace records."""
+        if self._deferred and self.recording:
+            self.harvest()
+
     def _unfinished(self) -> int:
         """Ops recorded whose spans have not been made yet."""
         return len(self._pending) + len(self._waiting) + len(self._cupti_ops)
 
     def harvest(self) -> int:
         """Turn finished ops into spans (non-blocking); returns how many spans were added."""
+        with self._harvest_lock:
+            self._deferred = False
+            return self._harvest()
+
+    def _harvest(self) -> int:
         self.stats.harvest_cycles += 1
         cycle = self.stats.harvest_cycles
         offsets = {n: c.offset_ns for n, c in self._devices.items()}
@@ -474,7 +524,7 @@ class Trace:
                 self._spans.extend(rows)
                 if cupti_rows is not None:
                     self._spans.extend_columns(cupti_rows)
-                self.version += 1
+                self._version += 1
         self._waiting = keep
         self.stats.pending = self._unfinished()
         self.stats.dropped = self._spans.dropped
@@ -496,6 +546,7 @@ class Trace:
         """Block until every recorded op has its span (the ops themselves must finish); False on timeout."""
         deadline = time.monotonic() + timeout_s
         while self._unfinished():
+            self._read_at = time.monotonic()  # a recording trace's harvester decodes while someone waits
             if self._thread is None or not self._thread.is_alive():
                 self.harvest()
             if time.monotonic() > deadline:
@@ -510,11 +561,13 @@ class Trace:
         """The spans as columns (see ``trace/spans.py``); waits for pending ops when ``wait`` and not recording."""
         if wait and not self.recording:
             self.wait_pending()
+        self._catch_up()
         with self._lock:
             return self._spans.table(since)
 
     def delta(self, since: int) -> tuple[dict[str, np.ndarray], int]:
         """Spans added after the first ``since`` ever appended, and the new cursor (for live views; never waits)."""
+        self._catch_up()
         with self._lock:
             return self._spans.table(since), self._spans.count
 
