@@ -2,6 +2,7 @@
 front end, the harvester. Rounds interleave the variants so that drift hits them all alike; medians are reported.
 
 Usage: python benchmarks/trace_overhead.py [--count 5000] [--rounds 5] [--json out.json]
+       python benchmarks/trace_overhead.py --pairs 60 --count 2000   (the launch-loop ratio, drift-paired)
 """
 
 from __future__ import annotations
@@ -104,6 +105,38 @@ def api_costs(cp, raw, arr, stream, count: int) -> None:
     print(json.dumps(medians, indent=1))
 
 
+def paired_blocks(gw, launch: Callable[[int], None], pairs: int, block: int, variants: dict) -> dict:
+    """Untraced and traced blocks of ``block`` launches back to back, in ABBA order, a fresh trace (or source) per
+    traced block: the host's speed drifts over seconds by more than tracing costs, and a pair of blocks some 30 ms
+    apart sees the same host. Returns, per variant, the traced/untraced ratio of every pair."""
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
+
+    def timed(n: int) -> float:
+        t0 = time.perf_counter()
+        launch(n)
+        return time.perf_counter() - t0
+
+    for p in range(pairs):
+        for name, make in variants.items():
+            pair = [0.0, 0.0]
+            for which in (0, 1) if p % 2 == 0 else (1, 0):
+                if which == 0:
+                    pair[0] = timed(block)
+                    continue
+                ctx = make()
+                with ctx:
+                    launch(200)  # warm: CUPTI's start, the trace's first op (clock alignment)
+                    pair[1] = timed(block)
+                    halt = getattr(ctx, "halt_watch", None)
+                    if halt is not None:
+                        halt()
+                if isinstance(ctx, gw.Trace):
+                    assert ctx.wait_pending(60) and ctx.stats.lost == 0, ctx.stats
+                    ctx._thread.join(10)  # it releases CUPTI as it ends: the next block may start it
+            ratios[name].append(pair[1] / pair[0])
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=5000)
@@ -111,6 +144,15 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--phases", action="store_true", help="only: the harvester's CPU per op, by phase")
     parser.add_argument("--api", action="store_true", help="only: CUPTI's cost per CUDA API call, by carrier set")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="only: this many untraced/traced pairs of --count launches each, in ABBA order (the launch-loop ratio)",
+    )
+    parser.add_argument(
+        "--carriers", action="store_true", help="with --pairs: bare CUPTI with each set of API record kinds instead"
+    )
     parser.add_argument(
         "--bounds", action="store_true", help="only: ours untraced, with bare CUPTI on, traced without harvests, traced"
     )
@@ -203,6 +245,72 @@ def main() -> None:
 
     if args.api:
         api_costs(cp, raw, arr, raw_stream, count)
+        return
+
+    if args.pairs:
+
+        def launch(n: int) -> None:
+            for _ in range(n):
+                k(1, 32, (b,), stream=s)
+            s.synchronize()
+
+        def watched() -> object:
+            """A trace polled at 20 Hz, as a live dashboard polls it: decoded at every harvest while it records."""
+            t = gw.trace(source="cupti")
+            halt = threading.Event()
+
+            def poll() -> None:
+                while not halt.wait(0.05):
+                    t.version  # noqa: B018
+
+            poller = threading.Thread(target=poll, daemon=True)
+            poller.start()
+            t.halt_watch = lambda: (halt.set(), poller.join())
+            return t
+
+        class Bare:
+            """CUPTI recording our launches with no trace: CUPTI's own share (``carriers``: its API record kinds)."""
+
+            carriers = ("DRIVER", "RUNTIME")
+
+            def __enter__(self) -> None:
+                from gpuworkbench.trace import cupti as cupti_mod
+
+                saved, cupti_mod.API_CARRIER_KINDS = cupti_mod.API_CARRIER_KINDS, self.carriers
+                try:
+                    self.src = CuptiSource()
+                    self.src.start()
+                finally:
+                    cupti_mod.API_CARRIER_KINDS = saved
+
+            def __exit__(self, *exc: object) -> None:
+                self.src.stop()
+                self.src.flush_columns()
+
+        class BareDriver(Bare):
+            carriers = ("DRIVER",)
+
+        class BareNoApi(Bare):
+            carriers = ()
+
+        variants = {"cupti": lambda: gw.trace(source="cupti"), "cupti_watched": watched, "bare_cupti": Bare}
+        if args.carriers:
+            variants = {"bare_cupti": Bare, "bare_cupti_driver_api": BareDriver, "bare_cupti_no_api": BareNoApi}
+        launch(2000)
+        ratios = paired_blocks(gw, launch, args.pairs, count, variants)
+        out = {"device": dev.name, "date": time.strftime("%Y-%m-%d"), "block": count, "pairs": args.pairs}
+        for name, values in ratios.items():
+            q1, med, q3 = np.percentile(values, [25, 50, 75])
+            out[name] = {
+                "median": round(float(med), 4),
+                "quartiles": [round(float(q1), 4), round(float(q3), 4)],
+                "range": [round(min(values), 3), round(max(values), 3)],
+                "pairs_at_most_1.2": f"{sum(v <= 1.2 for v in values)}/{len(values)}",
+            }
+        print(json.dumps(out, indent=1))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"summary": out, "ratios": ratios}, f, indent=1)
         return
 
     def flush_each() -> float:

@@ -301,8 +301,8 @@ def test_cupti_spans_go_to_the_ops_whose_calls_they_are_among_other_launches_and
 
 
 def test_an_unread_cupti_trace_defers_decoding_and_a_live_reader_gets_spans_while_it_records(dev):
-    """While nobody reads a recording CUPTI trace, its harvester only has CUPTI hand back buffers; a read decodes
-    them then and there, and a live view polling ``version`` gets spans at every harvest, as before."""
+    """While nobody reads a recording CUPTI trace, its harvester leaves CUPTI's records alone; a read flushes and
+    decodes them then and there, and a live view polling ``version`` gets spans at every harvest."""
     pytest.importorskip("cupti")
     import time
 

@@ -222,7 +222,7 @@ def test_a_watched_trace_decodes_at_every_harvest_and_stopping_decodes_the_rest(
 def test_a_backlog_past_the_bound_is_decoded_even_unread(monkeypatch):
     from gpuworkbench.trace import recorder
 
-    monkeypatch.setattr(recorder, "DEFER_BYTES", 512)  # one op's row and records are 88 + 240 bytes
+    monkeypatch.setattr(recorder, "DEFER_OPS", 2)
     t = offline_trace()
     try:
         feed(t, 1, 7)

@@ -571,12 +571,6 @@ class CuptiSource:
             wait = (self._pushed or resolve is not None) and self._running
             return self._joiner.join(cols, *ext, wait=wait, ordered=full, calls=calls, resolve=resolve)
 
-    def flush_due(self) -> None:
-        """Ask CUPTI to hand back its partly filled buffers if a flush is due (see ``FLUSH_IDLE_S``), decoding
-        nothing: their bytes wait for the next ``flush_columns``."""
-        with self._flush_lock:
-            self._flush_if_due(False)
-
     @property
     def backlog_bytes(self) -> int:
         """Bytes of records handed back by CUPTI and not decoded yet (about 256 per traced launch)."""

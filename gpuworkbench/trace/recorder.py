@@ -4,9 +4,9 @@ The front end reports each op as it is enqueued (``record_op``, or ``op_id`` / `
 completion handle. A harvester thread polls those handles (a non-blocking query) and, once an op is done, turns its
 device-clock start and end into host-clock nanoseconds using one clock sample per device taken when the device first
 appears in the trace. Where CUPTI is available on CUDA, spans come from its activity records instead (see
-``trace/cupti.py`` and ``trace/cupti_ops.py``); while such a trace records and nobody reads it, the harvester only
-has CUPTI hand back its buffers and leaves decoding them for the first read, for stopping, or for a bounded backlog
-(``DEFER_BYTES``), so that tracing takes as little as it can from the launches it measures.
+``trace/cupti.py`` and ``trace/cupti_ops.py``); while such a trace records and nobody reads it, the harvester leaves
+CUPTI's records alone until the first read, stopping, or a bounded backlog (``DEFER_OPS``), so that tracing takes
+as little as it can from the launches it measures; live views, which poll ``version``, get them at every harvest.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ _CUPTI_OWNER: Trace | None = None
 CUPTI_HANDOFF_S = 2.0
 #: Polling period of a stopped trace's harvester while its last ops finish (and of ``wait_pending``).
 _DRAIN_S = 0.01
-#: While a CUPTI trace records and nobody reads it, its harvester only has CUPTI hand back its buffers (>= 10 Hz) and
-#: leaves the records undecoded, up to this many bytes (~256 a launch): decoding them would compete for the GIL with
-#: the very launches being measured. A read, stopping, or this much backlog decodes them.
-DEFER_BYTES = 64 << 20
+#: While a CUPTI trace records and nobody reads it, its harvester leaves CUPTI's records where they are (in CUPTI's
+#: buffers, or undecoded in ours) for up to this many ops (~350 bytes each): flushing (which holds CUPTI's locks) and
+#: decoding (which holds the GIL) would compete with the very launches being measured. A read, stopping, or this
+#: many ops flushes and decodes them; a watched trace (below) is flushed and decoded at every harvest (>= 10 Hz).
+DEFER_OPS = 200_000
 #: ... and while fewer than this many ops of several records (copies, graph launches) hold their completions.
 DEFER_COMPLETIONS = 1024
 #: A trace counts as watched (decoded at every harvest, for live views) for this long after ``version`` is read.
@@ -436,7 +437,6 @@ class Trace:
             cpu = time.thread_time()
             try:
                 if self._defers():
-                    self._cupti.flush_due()
                     self._deferred = True
                     self._stats.deferred_harvests += 1
                 else:
@@ -450,35 +450,35 @@ class Trace:
                 return
 
     def _defers(self) -> bool:
-        """Whether this wake-up may leave CUPTI's records undecoded: recording, unwatched, a bounded backlog, and no
-        ops timed by events waiting (their pooled events are held until harvested)."""
-        cupti = self._cupti
+        """Whether this wake-up may leave CUPTI's records alone: recording, unwatched, a bounded backlog, and no ops
+        timed by events waiting (their pooled events are held until harvested)."""
         return (
-            cupti is not None
+            self._cupti is not None
             and self.recording
             and time.monotonic() - self._read_at > WATCH_S
             and not self._pending
             and not self._waiting
             and len(self._cupti_ops.completions) < DEFER_COMPLETIONS
-            and cupti.backlog_bytes + len(self._cupti_ops.rows) < DEFER_BYTES
+            and len(self._cupti_ops.rows) < DEFER_OPS * ROW.size
         )
 
     def _catch_up(self) -> None:
-        """Decode what the harvester deferred, for a reader while the trace records."""
+        """Flush and decode what the harvester deferred, for a reader while the trace records."""
         if self._deferred and self.recording:
-            self.harvest()
+            self.harvest(flush=True)
 
     def _unfinished(self) -> int:
         """Ops recorded whose spans have not been made yet."""
         return len(self._pending) + len(self._waiting) + len(self._cupti_ops)
 
-    def harvest(self) -> int:
-        """Turn finished ops into spans (non-blocking); returns how many spans were added."""
+    def harvest(self, flush: bool = False) -> int:
+        """Turn finished ops into spans (non-blocking); returns how many spans were added. ``flush``: have CUPTI hand
+        back every record now (else only when a flush is due: see ``trace/cupti.py``)."""
         with self._harvest_lock:
             self._deferred = False
-            return self._harvest()
+            return self._harvest(flush)
 
-    def _harvest(self) -> int:
+    def _harvest(self, flush: bool) -> int:
         self.stats.harvest_cycles += 1
         cycle = self.stats.harvest_cycles
         offsets = {n: c.offset_ns for n, c in self._devices.items()}
@@ -488,7 +488,8 @@ class Trace:
             ops.take_rows(cycle)  # before the flush: the windows of the ops handed over so far place its API calls
             if self._window_drifts:
                 self._window_offset = self._sample_window_offset()[0]
-            records = self._cupti.flush_columns(eager=not self.recording, full=False, resolve=self._resolve)
+            eager = flush or not self.recording
+            records = self._cupti.flush_columns(eager=eager, full=False, resolve=self._resolve)
             ops.add_records(records, cycle)
             self.stats.unplaced_calls = self._cupti.unplaced_calls
             if len(ops):
