@@ -138,7 +138,7 @@ class TraceStats:
     lost: int = 0  # ops whose span never arrived (e.g. no CUPTI record); listed in warnings
     unplaced_calls: int = 0  # CUDA calls CUPTI recorded outside every traced op (other code's launches)
     harvest_cycles: int = 0
-    deferred_harvests: int = 0  # harvester wake-ups that only had CUPTI hand back buffers (nobody was reading)
+    deferred_harvests: int = 0  # harvester wake-ups that left CUPTI's records alone (nobody was reading)
     harvest_cpu_s: float = 0.0  # CPU time the harvester thread spent (what tracing takes from the host)
     warnings: list[str] = field(default_factory=list)
 
