@@ -105,6 +105,20 @@ def api_costs(cp, raw, arr, stream, count: int) -> None:
     print(json.dumps(medians, indent=1))
 
 
+def poll_version(trace) -> Callable[[], None]:
+    """Read ``trace.version`` at 20 Hz from a thread, as the live dashboard does (the trace then decodes its CUPTI
+    records at every harvest); returns the function that stops the polling."""
+    halt = threading.Event()
+
+    def poll() -> None:
+        while not halt.wait(0.05):
+            trace.version  # noqa: B018  what a live view reads
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    return lambda: (halt.set(), poller.join())
+
+
 def paired_blocks(gw, launch: Callable[[int], None], pairs: int, block: int, variants: dict) -> dict:
     """Untraced and traced blocks of ``block`` launches back to back, in ABBA order, a fresh trace (or source) per
     traced block: the host's speed drifts over seconds by more than tracing costs, and a pair of blocks some 30 ms
@@ -215,23 +229,14 @@ def main() -> None:
         show what that moved out of the loop."""
         key = key or f"{source}_{interval_s}" + ("_watched" if watch else "")
         with gw.trace(source=source, interval_s=interval_s) as t:
-            halt = threading.Event()
-
-            def poll() -> None:
-                while not halt.wait(0.05):
-                    t.version  # noqa: B018  what a live view reads
-
-            watcher = threading.Thread(target=poll)
-            if watch:
-                watcher.start()
+            unwatch = poll_version(t) if watch else None
             ours()
             cpu0 = t.stats.harvest_cpu_s
             main_cpu: list[float] = []
             us = per_launch_us(ours, count, cpu=main_cpu)
             harvest_cpu = t.stats.harvest_cpu_s - cpu0
-            halt.set()
-            if watch:
-                watcher.join()
+            if unwatch is not None:
+                unwatch()
         d0 = time.perf_counter()
         assert t.wait_pending(60)
         t._thread.join(10)  # its CUPTI source stops with it: the next variant may start one
@@ -257,15 +262,7 @@ def main() -> None:
         def watched() -> object:
             """A trace polled at 20 Hz, as a live dashboard polls it: decoded at every harvest while it records."""
             t = gw.trace(source="cupti")
-            halt = threading.Event()
-
-            def poll() -> None:
-                while not halt.wait(0.05):
-                    t.version  # noqa: B018
-
-            poller = threading.Thread(target=poll, daemon=True)
-            poller.start()
-            t.halt_watch = lambda: (halt.set(), poller.join())
+            t.halt_watch = poll_version(t)
             return t
 
         class Bare:

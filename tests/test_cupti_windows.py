@@ -5,6 +5,7 @@ without a GPU (no libcupti is loaded). On a GPU, tests/test_cuda.py checks the s
 from __future__ import annotations
 
 import struct
+import time
 
 import numpy as np
 
@@ -159,8 +160,6 @@ def test_windows_use_cuptis_clock_as_is_when_it_is_the_window_clock_else_a_sampl
 
 
 def wait_for(check, timeout_s: float = 5.0) -> bool:
-    import time
-
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:

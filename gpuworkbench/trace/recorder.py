@@ -193,9 +193,11 @@ class Trace:
 
     @property
     def stats(self) -> TraceStats:
-        """Counters that say how complete this trace is (``ops`` counted as of now)."""
+        """Counters that say how complete this trace is (``ops`` and ``pending`` counted as of now: a CUPTI trace
+        that defers its records makes no spans, and updates no counter, until it is read)."""
         stats = self._stats
         stats.ops = self._event_ops + self._cupti_ops.handed_over
+        stats.pending = self._unfinished()
         return stats
 
     # ------------------------------------------------------------------ lifetime
@@ -527,7 +529,6 @@ class Trace:
                     self._spans.extend_columns(cupti_rows)
                 self._version += 1
         self._waiting = keep
-        self.stats.pending = self._unfinished()
         self.stats.dropped = self._spans.dropped
         return added
 
