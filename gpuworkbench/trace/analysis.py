@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpuworkbench.errors import InvalidArgument
-from gpuworkbench.trace.spans import KIND_CODE, KINDS
+from gpuworkbench.trace.spans import HOST_KINDS, KIND_CODE, KINDS
 
 #: Intervals as two int64 arrays ``(starts, ends)``; the functions below return them sorted, disjoint and non-touching.
 Intervals = tuple[np.ndarray, np.ndarray]
@@ -34,8 +34,8 @@ _H, _D, _K = 1, 2, 4
 _STATE_OF_MASK: tuple[str, ...] = ("idle", "H", "D", "H+D", "K", "H+K", "D+K", "H+D+K")
 
 _H2D, _D2H, _KERNEL = KIND_CODE["h2d"], KIND_CODE["d2h"], KIND_CODE["kernel"]
-# alloc, free and markers are host bookkeeping, not device work: they never count as busy time.
-_IS_WORK = np.array([name not in ("alloc", "free", "marker") for name in KINDS])
+# alloc, free, markers, API calls and host ranges happen on the host: they never count as busy device time.
+_IS_WORK = np.array([name not in HOST_KINDS for name in KINDS])
 _IS_K = np.array([name in ("kernel", "d2d", "memset") for name in KINDS])
 
 # Advice thresholds (see the docstring of ``_advise`` for what each one decides).

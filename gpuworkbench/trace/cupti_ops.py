@@ -214,6 +214,9 @@ class CuptiOps:
                 "bytes": done[_C["bytes"]],
                 "name": self._names(done),
                 "pinned": done[_C["pinned"]],
+                "corr": np.full(dev.size, -1, np.int64),
+                "grid": np.zeros(dev.size, np.int64),
+                "block": np.zeros(dev.size, np.int64),
             }
             # The records of the ops made spans go (all of them, when every op waiting had its records): mark their
             # runs of the op-sorted records, then put the marks back in the records' order.

@@ -183,6 +183,7 @@ class Trace:
         self._read_at = -WATCH_S  # monotonic time of the last ``version`` read
         self._deferred = False  # records left undecoded by the harvester since the last harvest
         self._harvest_lock = threading.RLock()
+        self._other_bytes: dict[int, int] = {}  # device number -> other libraries' net device allocations
 
     @property
     def version(self) -> int:
@@ -405,7 +406,13 @@ class Trace:
     def memory_sample(self, device_number: int, held: int, used: int) -> None:
         """Record the bytes the workbench holds on a device (and the device's used total, -1 if unknown) now."""
         with self._lock:
-            row = {"device": device_number, "t_ns": time.perf_counter_ns(), "held_bytes": held, "used_bytes": used}
+            row = {
+                "device": device_number,
+                "t_ns": time.perf_counter_ns(),
+                "held_bytes": held,
+                "used_bytes": used,
+                "other_bytes": self._other_bytes.get(device_number, -1),
+            }
             self._memory.append(row)
             self._version += 1
 
@@ -425,6 +432,9 @@ class Trace:
                 "bytes": nbytes,
                 "name": name,
                 "pinned": pin,
+                "corr": -1,
+                "grid": 0,
+                "block": 0,
             }
         )
         self._version += 1
@@ -520,7 +530,7 @@ class Trace:
                 self._warn_once(f"an op finished without timestamps ({name!r}); it is missing")
                 continue
             off = offsets[dev]
-            rows.append((kind, dev, stream, times[0] - off, times[1] - off, enq, nbytes, name, pinned))
+            rows.append((kind, dev, stream, times[0] - off, times[1] - off, enq, nbytes, name, pinned, -1, 0, 0))
         added = len(rows) + (0 if cupti_rows is None else len(cupti_rows["kind"]))
         if added:
             with self._lock:
@@ -640,8 +650,22 @@ class Trace:
 
     @classmethod
     def from_records(cls, records: Any, device_names: Mapping[int, str] | None = None) -> Trace:
-        """A finished trace built from dicts (kind, stream, start_ns, end_ns, ...), e.g. to analyse by hand."""
+        """A finished trace built from dicts (kind, stream, start_ns, end_ns, ...), e.g. to analyse by hand.
+
+        ``stream`` is a number or a name: names get numbers (in order of first appearance, per device) and stay the
+        rows' labels."""
         t = cls()
+        records = list(records)
+        named: dict[tuple[int, str], int] = {}
+        for i, rec in enumerate(records):
+            stream = rec.get("stream")
+            if isinstance(stream, str):
+                dev = int(rec.get("device", 0))
+                number = named.get((dev, stream))
+                if number is None:
+                    number = named[dev, stream] = sum(1 for d, _ in named if d == dev)
+                    t._stream_labels[(dev, number)] = stream
+                records[i] = {**rec, "stream": number}
         table = table_from_records(records)
         for i in range(len(table["kind"])):
             t._spans.append({c: table[c][i] for c in COLUMNS})

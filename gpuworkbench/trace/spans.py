@@ -13,10 +13,35 @@ from typing import Any
 import numpy as np
 
 #: Span kinds, in the order of their integer codes in the ``kind`` column.
-KINDS: tuple[str, ...] = ("h2d", "d2h", "d2d", "memset", "kernel", "alloc", "free", "marker")
+KINDS: tuple[str, ...] = ("h2d", "d2h", "d2d", "memset", "kernel", "alloc", "free", "marker", "api", "range")
 KIND_CODE: dict[str, int] = {name: code for code, name in enumerate(KINDS)}
+#: Kinds that happen on the host, not on a device: never busy device time. ``api`` is a host call that enqueued device
+#: work (linked to it by ``corr``), ``range`` a named host region (NVTX, ``gw.range``, a profiler's ``cpu_op``).
+HOST_KINDS: frozenset[str] = frozenset({"alloc", "free", "marker", "api", "range"})
+#: Host rows of a device are negative streams: -1 the workbench's own (allocations, markers), -2 - i host thread i.
+HOST_STREAM = -1
 
-#: Column name -> dtype. ``name`` holds Python strings; ``pinned`` is -1 (unknown / not a copy), 0 or 1.
+
+def thread_stream(index: int) -> int:
+    """The stream number of the trace's ``index``-th host thread row."""
+    return -2 - index
+
+
+def pack_dim3(x: Any, y: Any = 1, z: Any = 1) -> Any:
+    """A grid or block size as one int64 (x in the low 32 bits, y and z in 16 bits each); 0 means unknown."""
+    return np.asarray(x, np.int64) | (np.asarray(y, np.int64) & 0xFFFF) << 32 | (np.asarray(z, np.int64) & 0xFFFF) << 48
+
+
+def unpack_dim3(value: int) -> tuple[int, int, int] | None:
+    """``pack_dim3``'s (x, y, z), or None when unknown."""
+    value = int(value)
+    if value <= 0:
+        return None
+    return value & 0xFFFFFFFF, (value >> 32) & 0xFFFF, (value >> 48) & 0xFFFF
+
+
+#: Column name -> dtype. ``name`` holds Python strings; ``pinned`` is -1 (unknown / not a copy), 0 or 1; ``corr``
+#: links a host ``api`` span to the device span it enqueued (equal values; -1: none); ``grid``, ``block``: packed.
 COLUMNS: dict[str, Any] = {
     "kind": np.int8,
     "device": np.int16,
@@ -27,6 +52,9 @@ COLUMNS: dict[str, Any] = {
     "bytes": np.int64,
     "name": object,
     "pinned": np.int8,
+    "corr": np.int64,
+    "grid": np.int64,
+    "block": np.int64,
 }
 
 
@@ -43,6 +71,9 @@ class Span:
     bytes: int = 0
     name: str = ""
     pinned: int = -1
+    corr: int = -1
+    grid: tuple[int, int, int] | None = None
+    block: tuple[int, int, int] | None = None
 
     @property
     def duration_ns(self) -> int:
@@ -55,11 +86,13 @@ def empty_table(n: int = 0) -> dict[str, np.ndarray]:
     table["name"][:] = ""
     table["pinned"][:] = -1
     table["enqueue_ns"][:] = -1
+    table["corr"][:] = -1
     return table
 
 
 def table_from_records(records: Iterable[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """Build a table from dicts with ``kind``, ``stream``, ``start_ns``, ``end_ns`` and optional other columns."""
+    """Build a table from dicts with ``kind``, ``stream`` (a number), ``start_ns``, ``end_ns`` and optional other
+    columns (``grid`` / ``block`` as (x, y, z) tuples or packed)."""
     rows = list(records)
     table = empty_table(len(rows))
     for i, rec in enumerate(rows):
@@ -79,6 +112,11 @@ def table_from_records(records: Iterable[Mapping[str, Any]]) -> dict[str, np.nda
         table["name"][i] = str(rec.get("name", ""))
         pinned = rec.get("pinned")
         table["pinned"][i] = -1 if pinned is None else int(bool(pinned))
+        table["corr"][i] = int(rec.get("corr", -1))
+        for dim in ("grid", "block"):
+            value = rec.get(dim)
+            if value is not None:
+                table[dim][i] = int(pack_dim3(*value)) if isinstance(value, (tuple, list)) else int(value)
     return table
 
 
@@ -96,17 +134,29 @@ def spans_of(table: Mapping[str, np.ndarray]) -> list[Span]:
             bytes=int(table["bytes"][i]),
             name=str(table["name"][i]),
             pinned=int(table["pinned"][i]),
+            corr=int(table["corr"][i]),
+            grid=unpack_dim3(table["grid"][i]),
+            block=unpack_dim3(table["block"][i]),
         )
         for i in range(n)
     ]
 
 
 #: Memory samples: bytes the workbench holds on a device at a host time, beside the device's used total (-1: unknown).
-MEMORY_COLUMNS: dict[str, Any] = {"device": np.int16, "t_ns": np.int64, "held_bytes": np.int64, "used_bytes": np.int64}
+#: ``other_bytes``: device memory that other libraries (CuPy's pool, PyTorch's caching allocator ...) allocated, net of
+#: their frees, since the trace started (from CUPTI's memory records; -1: not known).
+MEMORY_COLUMNS: dict[str, Any] = {
+    "device": np.int16,
+    "t_ns": np.int64,
+    "held_bytes": np.int64,
+    "used_bytes": np.int64,
+    "other_bytes": np.int64,
+}
 
 
 def empty_memory_table(n: int = 0) -> dict[str, np.ndarray]:
     """A memory-sample table of ``n`` rows."""
     table = {col: np.zeros(n, dtype=dt) for col, dt in MEMORY_COLUMNS.items()}
     table["used_bytes"][:] = -1
+    table["other_bytes"][:] = -1
     return table

@@ -37,6 +37,8 @@ KIND_COLORS: dict[str, str] = {
     "alloc": "#7f7f7f",
     "free": "#c7c7c7",
     "marker": "#d62728",
+    "api": "#17becf",
+    "range": "#bcbd22",
 }
 
 #: Fill colour of each of the 8 states on a device's strip: H blue, D orange, K green, darker where they overlap.
@@ -105,7 +107,8 @@ class RowLayout:
             device, stream = key >> 32, (key & 0xFFFFFFFF) - (1 << 31)
             if self.states and device not in self._state_label_of:
                 self._state_label_of[device] = self._unique(f"{self.device_label(device)} · states", str(device))
-            label = "host" if stream == -1 else self.stream_labels.get((device, stream), f"stream {stream}")
+            default = "host" if stream == -1 else f"host thread {-2 - stream}" if stream < -1 else f"stream {stream}"
+            label = self.stream_labels.get((device, stream), default) if stream != -1 else default
             self._label_of[key] = self._unique(f"{self.device_label(device)} · {label}", str(stream))
         return bool(new)
 
