@@ -100,6 +100,7 @@ def offline_source() -> cupti_mod.CuptiSource:
     for kind, size in SIZES.items():
         raw.size_words[kind] = size // 4
     raw.last_walk_status = 0
+    raw.size_mismatch = {}
     src._raw = raw
     src._fields = {k: dict(v) for k, v in cupti_mod._BUILTIN_FIELDS.items()}
     src._k_kernels, src._k_memcpy, src._k_memset, src._k_ext, src._k_api = (KERNEL, 3), 1, 2, 39, (4, API)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,9 +35,14 @@ from typing import Any
 import numpy as np
 
 from .cupti_join import ExternalIdJoin
+from .spans import pack_dim3
 
 #: Activity kinds enabled by :meth:`CuptiSource.start`, by their ``cupti.ActivityKind`` names.
 ACTIVITY_KINDS: tuple[str, ...] = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "EXTERNAL_CORRELATION")
+#: ... and where this CUPTI has them: device allocations and frees of every library (CUPTI_ACTIVITY_KIND_MEMORY2),
+#: and NVTX ranges (MARKER; NVTX reaches CUPTI only where ``NVTX_INJECTION64_PATH`` named libcupti before the first
+#: NVTX call of the process: ``prepare`` sets it when it is unset).
+OPTIONAL_KINDS: tuple[str, ...] = ("MEMORY2", "MARKER")
 #: API record kinds enabled as carriers: CUPTI emits EXTERNAL_CORRELATION records only for API calls it records, and
 #: a trace places each call (its thread and start) in the window in which it enqueued one of its ops.
 API_CARRIER_KINDS: tuple[str, ...] = ("DRIVER", "RUNTIME")
@@ -100,6 +107,12 @@ _BUILTIN_FIELDS: dict[str, dict[str, tuple[int, int]]] = {
         "stream_id": (48, 4),
         "correlation_id": (92, 4),
         "name": (104, 8),
+        "grid_x": (52, 4),
+        "grid_y": (56, 4),
+        "grid_z": (60, 4),
+        "block_x": (64, 4),
+        "block_y": (68, 4),
+        "block_z": (72, 4),
     },
     "memcpy": {
         "copy_kind": (4, 1),
@@ -122,7 +135,25 @@ _BUILTIN_FIELDS: dict[str, dict[str, tuple[int, int]]] = {
         "correlation_id": (44, 4),
     },
     "ext": {"external_kind": (4, 4), "external_id": (8, 8), "correlation_id": (16, 4)},
-    "api": {"start": (8, 8), "thread_id": (28, 4), "correlation_id": (32, 4)},
+    "api": {"cbid": (4, 4), "start": (8, 8), "end": (16, 8), "thread_id": (28, 4), "correlation_id": (32, 4)},
+    "memory": {
+        "memory_operation_type": (4, 4),
+        "memory_kind": (8, 4),
+        "correlation_id": (12, 4),
+        "address": (16, 8),
+        "bytes": (24, 8),
+        "timestamp": (32, 8),
+        "device_id": (52, 4),
+        "stream_id": (60, 4),
+    },
+    "marker": {
+        "flags": (4, 4),
+        "timestamp": (8, 8),
+        "id": (16, 4),
+        "thread_id": (28, 4),
+        "name": (40, 8),
+        "domain": (48, 8),
+    },
 }
 # cupti-python dtype names per struct (newest first).
 _DTYPE_NAMES: dict[str, tuple[str, ...]] = {
@@ -131,8 +162,11 @@ _DTYPE_NAMES: dict[str, tuple[str, ...]] = {
     "memset": ("activity_memset4_dtype",),
     "ext": ("activity_external_correlation_dtype",),
     "api": ("activity_api_dtype",),
+    "memory": ("activity_memory4_dtype",),
+    "marker": ("activity_marker2_dtype",),
 }
-_BUILTIN_SIZES: dict[str, int] = {"ext": 24, "api": 40}
+_BUILTIN_SIZES: dict[str, int] = {"ext": 24, "api": 40, "memory": 128, "marker": 56}
+
 # A record size for kinds not (yet) verified: any walk that meets one overshoots and falls back to CUPTI's walk.
 _UNVERIFIED = 1 << 40
 _MAX_KIND = 256
@@ -145,13 +179,26 @@ _COMPLETE_FN = ctypes.CFUNCTYPE(
 )
 
 # Numeric span columns decoded per struct, in the order of the record dict's keys that come from them.
-_SPAN_FIELDS: tuple[str, ...] = ("start", "end", "bytes", "name", "pinned", "stream_id", "device_id", "correlation_id")
+_SPAN_FIELDS: tuple[str, ...] = (
+    "start",
+    "end",
+    "bytes",
+    "name",
+    "pinned",
+    "stream_id",
+    "device_id",
+    "correlation_id",
+    "grid",
+    "block",
+)
 _TIME_FIELDS: tuple[str, ...] = ("start", "end", "correlation_id")
 
 _NONE = np.empty(0, np.int64)
+_DIM_FIELDS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 _STATE_LOCK = threading.Lock()
 _ACTIVE: CuptiSource | None = None
 _RAW: _RawCupti | None = None
+_AVAILABLE: tuple[bool, str] | None = None
 
 
 class CuptiUnavailable(Exception):
@@ -232,6 +279,20 @@ class _RawCupti:
         self.end_status = -1  # CUPTI_ERROR_MAX_LIMIT_REACHED, set by the source from cupti-python's enum
         self.buffers_walked_by_cupti = 0
         self.last_walk_status = 0
+
+    def filter_api(self, switches: list[tuple[int, int, bool]], on: bool) -> bool:
+        """Set CUPTI's per-call API record switches (``switches``: domain, cbid, kept); False where it has none."""
+        try:
+            calls = (self.lib.cuptiActivityEnableDriverApi, self.lib.cuptiActivityEnableRuntimeApi)
+        except AttributeError:
+            return False
+        for fn in calls:
+            fn.argtypes = [ctypes.c_uint32, ctypes.c_uint8]
+            fn.restype = ctypes.c_int
+        for domain, cbid, keep in switches:
+            if calls[domain](cbid, 1 if keep or not on else 0):
+                return False
+        return True
 
     def register(self) -> None:
         """Make CUPTI hand its activity buffers to us (replaces any callbacks registered before)."""
@@ -437,6 +498,12 @@ class CuptiSource:
         self._ext_kind = 0
         self._fields: dict[str, dict[str, tuple[int, int]]] = {}
         self._read_names = True  # False once CUPTI's records turn out larger or smaller than the dtype says
+        self._extras: dict[str, list[dict[str, np.ndarray]]] = {"api": [], "memory": [], "marker": []}
+        self._k_memory = self._k_marker = -1
+        self._api_names: dict[int, dict[int, str]] = {0: {}, 1: {}}
+        self._tables_ready = False
+        self._switches: list[tuple[int, int, bool]] | None = None
+        self._frozen = False
         #: Whether the API carrier records are limited to the calls that enqueue device work.
         self.api_filtered = False
         #: Records dropped because CUPTI had no valid start/end for them (e.g. cut off by a forced flush).
@@ -451,7 +518,14 @@ class CuptiSource:
 
     @staticmethod
     def available() -> tuple[bool, str]:
-        """Whether ``cupti-python`` imports here (cheap: no CUDA call), with a reason."""
+        """Whether ``cupti-python`` imports here (cheap: no CUDA call; the answer is kept), with a reason."""
+        global _AVAILABLE
+        if _AVAILABLE is None:
+            _AVAILABLE = CuptiSource._available()
+        return _AVAILABLE
+
+    @staticmethod
+    def _available() -> tuple[bool, str]:
         try:
             from cupti import cupti  # noqa: F401
         except Exception as exc:  # noqa: BLE001  (ImportError, or a missing libcupti / cuda-bindings)
@@ -482,14 +556,23 @@ class CuptiSource:
             self._cupti = cupti
             try:
                 self._raw = _raw_cupti(cupti)
-                self._setup_tables(cupti)
+                if not self._tables_ready:  # once per source: the process's source is started by every trace
+                    self._setup_tables(cupti)
+                    self._tables_ready = True
                 _ACTIVE = self  # before enabling, so that no buffer completes without a receiver
                 self._raw.register()
+                # The per-call switches first: API records are then limited from the first one on.
+                self.api_filtered = API_FILTER and bool(API_CARRIER_KINDS) and self._filter_api(True)
                 for name in ACTIVITY_KINDS + API_CARRIER_KINDS:
                     kind = cupti.ActivityKind[name]
                     cupti.activity_enable(kind)
                     self._enabled.append(kind)
-                self.api_filtered = API_FILTER and bool(API_CARRIER_KINDS) and self._filter_api(True)
+                for name in OPTIONAL_KINDS:
+                    kind = getattr(cupti.ActivityKind, name, None)
+                    if kind is not None:
+                        with contextlib.suppress(Exception):  # an older CUPTI: allocations and NVTX not seen
+                            cupti.activity_enable(kind)
+                            self._enabled.append(kind)
             except CuptiUnavailable:
                 self._disable_all()
                 _ACTIVE = None
@@ -517,6 +600,21 @@ class CuptiSource:
             if _ACTIVE is self:
                 _ACTIVE = None  # CUPTI has no "unregister": our callbacks now drop what comes
             self._running = False
+
+    def freeze(self) -> None:
+        """Another CUPTI client took CUPTI over: never flush it again (that would hand the other tool's buffers
+        back); what was already handed to us is still decoded."""
+        self._frozen = True
+
+    def abandon(self) -> None:
+        """Let go without touching CUPTI (another client holds it now): no flush, no disabling its kinds."""
+        global _ACTIVE
+        with _STATE_LOCK:
+            if _ACTIVE is self:
+                _ACTIVE = None
+            self._running = False
+            self._frozen = False
+            self._enabled = []
 
     @property
     def running(self) -> bool:
@@ -584,7 +682,7 @@ class CuptiSource:
             or now - max(self._delivered, self._flushed) >= FLUSH_IDLE_S
             or now - self._flushed >= FLUSH_MAX_S
         )
-        if due and self._running and self._raw is not None:
+        if due and self._running and self._raw is not None and not self._frozen:
             self._flushed = now
             status = self._raw.flush_all(0)
             if status:
@@ -626,6 +724,7 @@ class CuptiSource:
 
     def _reset(self) -> None:
         self._enabled = []
+        self._extras = {"api": [], "memory": [], "marker": []}
         self._take_incoming()
         self._pushed = False
         self._joiner = ExternalIdJoin(HOLD_FLUSHES, EXT_KEEP_FLUSHES, EXT_MAP_MAX)
@@ -638,6 +737,12 @@ class CuptiSource:
         self._k_memset = int(kind.MEMSET)
         self._k_ext = int(kind.EXTERNAL_CORRELATION)
         self._k_api = (int(kind.DRIVER), int(kind.RUNTIME))
+        self._k_memory = int(kind.MEMORY2) if hasattr(kind, "MEMORY2") else -1
+        self._k_marker = int(kind.MARKER) if hasattr(kind, "MARKER") else -1
+        self._api_names = {
+            domain: {int(m): m.name for m in enum_cls}
+            for domain, enum_cls in ((0, cupti.driver_api_trace_cbid), (1, cupti.runtime_api_trace_cbid))
+        }
         self._ext_kind = int(cupti.ExternalCorrelationKind.CUSTOM0)
         self._copy_names = np.full(256, "other_copy", dtype=object)
         for member in cupti.ActivityMemcpyKind:
@@ -658,6 +763,8 @@ class CuptiSource:
                 ("memset", (self._k_memset,)),
                 ("ext", (self._k_ext,)),
                 ("api", (int(kind.DRIVER), int(kind.RUNTIME))),
+                ("memory", (self._k_memory,)),
+                ("marker", (self._k_marker,)),
             ):
                 if struct in sizes:
                     for code in codes:
@@ -673,7 +780,13 @@ class CuptiSource:
             self.api_filtered = False
 
     def _filter_api(self, on: bool) -> bool:
-        """Record only the device-work API calls (``on``) or every call again; False if this CUPTI cannot."""
+        """Record only the device-work API calls (``on``) or every call again; False if this CUPTI cannot.
+
+        Through libcupti directly where it has the per-call switches (about 1 100 calls: ~0.3 ms, against ~2 ms
+        through cupti-python), so that starting a trace stays cheap."""
+        raw = self._raw
+        if raw is not None and raw.filter_api(self._api_switches(), on):
+            return True
         cupti = self._cupti
         try:
             for domain, enum_cls, set_api in (
@@ -690,6 +803,24 @@ class CuptiSource:
         except Exception:  # noqa: BLE001  (an older CUPTI without per-API switches: records every call)
             return False
         return True
+
+    def _api_switches(self) -> list[tuple[int, int, bool]]:
+        """(domain 0 driver / 1 runtime, cbid, kept when filtered) for every API call CUPTI names."""
+        if self._switches is None:
+            switches = []
+            for domain, names in self._api_names.items():
+                prefixes = _API_PREFIXES["driver" if domain == 0 else "runtime"]
+                for cbid, name in names.items():
+                    if name in ("INVALID", "SIZE", "FORCE_INT"):
+                        continue
+                    switches.append((domain, cbid, name.startswith(prefixes) and "HostFunc" not in name))
+            self._switches = switches
+        return self._switches
+
+    def api_name(self, runtime: int, cbid: int) -> str:
+        """The name of a driver (``runtime`` 0) or runtime API call from its callback id, e.g. 'cuLaunchKernel'."""
+        name = self._api_names[1 if runtime else 0].get(int(cbid), "")
+        return name.rsplit("_v", 1)[0] if "_v" in name and name.rsplit("_v", 1)[1].isdigit() else name
 
     def _ingest(self, data: Any) -> None:
         """Buffer-completed callback body: append the valid bytes for the next flush (one copy, nothing decoded)."""
@@ -757,13 +888,37 @@ class CuptiSource:
                 column(ext_rows, "ext", "external_id")[mine].astype(np.int64),
             )
         api = None
-        if calls:
+        if calls or full:
             api_rows = at[(kinds == self._k_api[0]) | (kinds == self._k_api[1])]
             api = {
                 "thread": column(api_rows, "api", "thread_id").astype(np.int64),
                 "start": column(api_rows, "api", "start").astype(np.int64),
                 "correlation_id": column(api_rows, "api", "correlation_id").astype(np.int64),
             }
+            if full and api_rows.size:
+                self._extras["api"].append(
+                    api
+                    | {
+                        "end": column(api_rows, "api", "end").astype(np.int64),
+                        "cbid": column(api_rows, "api", "cbid").astype(np.int64),
+                        "runtime": (views[4][api_rows] == self._k_api[1]).astype(np.int64),
+                    }
+                )
+            if not calls:
+                api = None
+        if self._k_memory >= 0:
+            rows = at[kinds == self._k_memory]
+            if rows.size:
+                self._extras["memory"].append(
+                    {f: column(rows, "memory", f).astype(np.int64) for f in self._fields["memory"]}
+                )
+        if self._k_marker >= 0:
+            rows = at[kinds == self._k_marker]
+            if rows.size:
+                marks = {f: column(rows, "marker", f).astype(np.int64) for f in self._fields["marker"]}
+                marks["name"] = self._strings(marks["name"])
+                marks["domain"] = self._strings(marks["domain"])
+                self._extras["marker"].append(marks)
 
         # Per struct: row, the wanted fields, runtime_correlation_id. ``full=False`` (the trace's harvester) reads
         # only times and ids: the op already knows its kind, name, bytes and stream.
@@ -776,7 +931,8 @@ class CuptiSource:
 
         def blank(n: int, kind: str) -> dict[str, np.ndarray]:
             kind_col, name_col = np.full(n, kind, dtype=object), np.full(n, "", dtype=object)
-            return {"kind": kind_col, "name": name_col, "pinned": np.full(n, -1)}
+            zero = np.zeros(n, np.int64)
+            return {"kind": kind_col, "name": name_col, "pinned": np.full(n, -1), "grid": zero, "block": zero}
 
         is_kernel = kinds == self._k_kernels[0]
         for code in self._k_kernels[1:]:
@@ -786,9 +942,12 @@ class CuptiSource:
             n = kernel_rows.size
             given = {}
             if full:
+                dims = {f: column(kernel_rows, "kernel", f).astype(np.int64) for f in _DIM_FIELDS}
                 given = blank(n, "kernel") | {
                     "bytes": np.zeros(n, np.int64),
                     "name": self._kernel_names(kernel_rows, column),
+                    "grid": pack_dim3(dims["grid_x"], dims["grid_y"], dims["grid_z"]),
+                    "block": pack_dim3(dims["block_x"], dims["block_y"], dims["block_z"]),
                 }
             add_group(kernel_rows, "kernel", **given)
         memcpy_rows = at[kinds == self._k_memcpy]
@@ -839,6 +998,20 @@ class CuptiSource:
         pinned[to_host] = self._pinned_of[dst_kind[to_host]]
         return pinned
 
+    def _strings(self, pointers: np.ndarray) -> np.ndarray:
+        """The C strings at ``pointers`` (CUPTI-owned; NULL gives ''), read once per distinct pointer."""
+        unique, inverse = np.unique(pointers, return_inverse=True)
+        return np.array([self._kernel_name(p) for p in unique.tolist()], dtype=object)[inverse.ravel()]
+
+    def take_extras(self) -> dict[str, dict[str, np.ndarray] | None]:
+        """API calls (full flushes only), device-memory records and NVTX markers decoded since the last call."""
+        out: dict[str, dict[str, np.ndarray] | None] = {}
+        with self._lock:
+            extras, self._extras = self._extras, {"api": [], "memory": [], "marker": []}
+        for what, parts in extras.items():
+            out[what] = None if not parts else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return out
+
     @staticmethod
     def _kernel_name(pointer: int) -> str:
         """The C string CUPTI keeps for a kernel's name ('' for NULL or a value no user-space pointer has)."""
@@ -852,6 +1025,87 @@ def _span_dicts(cols: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     names = ("kind", "start", "end", "external_id", "bytes", "name", "pinned", "stream_id", "device_id")
     keys = ("kind", "start_ns", "end_ns", "external_id", "bytes", "name", "pinned", "cupti_stream", "device")
     return [dict(zip(keys, row)) for row in zip(*(cols[n].tolist() for n in names))]
+
+
+_SOURCE: CuptiSource | None = None
+_PREPARED = threading.Event()
+_PREPARING: threading.Thread | None = None
+#: Whether ``prepare`` also attaches CUPTI to the process (its first callback registration: ~20 ms on an H100),
+#: so that the first trace does not pay it.
+ATTACH_EARLY = True
+
+
+def process_source() -> CuptiSource:
+    """The process's one CUPTI source: every trace that uses CUPTI starts and stops this one (a window on it)."""
+    global _SOURCE
+    with _STATE_LOCK:
+        if _SOURCE is None:
+            _SOURCE = CuptiSource()
+        return _SOURCE
+
+
+def other_client() -> str:
+    """Why another CUPTI client holds CUPTI now ('' if none is known): PyTorch's profiler, or a tool injected through
+    ``CUDA_INJECTION64_PATH`` (Nsight Systems, Nsight Compute). CUPTI's activity callbacks are one per process: taking
+    them would break that tool, so a trace then times its own ops by events."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch._C._autograd._profiler_enabled():
+                return "torch.profiler is recording (it holds CUPTI)"
+        except Exception:  # noqa: BLE001  (a torch without the C profiler switch)
+            pass
+    injected = os.environ.get("CUDA_INJECTION64_PATH", "")
+    if injected and "cupti" not in os.path.basename(injected).lower():
+        return f"a CUDA tool is injected into this process (CUDA_INJECTION64_PATH={injected}: Nsight Systems?)"
+    return ""
+
+
+def prepare(background: bool = True) -> None:
+    """Do once, ahead of the first trace, what makes starting CUPTI slow: import cupti-python (~60 ms), open
+    libcupti, build the record tables and, with ``ATTACH_EARLY``, attach CUPTI (nothing is recorded until a trace
+    starts). Also points NVTX at CUPTI (``NVTX_INJECTION64_PATH``) when nothing else was named. Never raises."""
+    global _PREPARING
+    if _PREPARED.is_set():
+        return
+    with _STATE_LOCK:
+        thread = _PREPARING
+        if thread is None:
+            thread = _PREPARING = threading.Thread(target=_prepare, name="gpuworkbench-cupti-prepare", daemon=True)
+            thread.start()
+    if not background:
+        thread.join()
+
+
+def wait_prepared(timeout_s: float = 5.0) -> None:
+    """Wait for a ``prepare`` under way (a trace starting while it runs)."""
+    thread = _PREPARING
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout_s)
+
+
+def _prepare() -> None:
+    try:
+        ok, _ = CuptiSource.available()
+        if not ok:
+            return
+        from cupti import cupti
+
+        raw = _raw_cupti(cupti)
+        os.environ.setdefault("NVTX_INJECTION64_PATH", raw.path)
+        src = process_source()
+        with _STATE_LOCK:
+            if not src._tables_ready:
+                src._raw, src._cupti = raw, cupti
+                src._setup_tables(cupti)
+                src._tables_ready = True
+            src._api_switches()
+            if ATTACH_EARLY and _ACTIVE is None and not other_client():
+                raw.register()  # attaches CUPTI; our callbacks drop what comes while no source is active
+    except Exception:  # noqa: BLE001  a trace reports why CUPTI cannot start when it tries
+        pass
+    finally:
+        _PREPARED.set()
 
 
 def _stop_active_at_exit() -> None:

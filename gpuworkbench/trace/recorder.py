@@ -12,6 +12,7 @@ as little as it can from the launches it measures; live views, which poll ``vers
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import time
 import warnings
@@ -22,8 +23,20 @@ from typing import Any
 
 import numpy as np
 
+from . import cupti as cupti_source
+from .cupti_foreign import ForeignRecords
 from .cupti_ops import ROW, CuptiOps
-from .spans import COLUMNS, KIND_CODE, KINDS, MEMORY_COLUMNS, Span, empty_memory_table, spans_of, table_from_records
+from .spans import (
+    COLUMNS,
+    KIND_CODE,
+    KINDS,
+    MEMORY_COLUMNS,
+    Span,
+    empty_memory_table,
+    spans_of,
+    table_from_records,
+    thread_stream,
+)
 
 #: Traces currently recording. The front end checks this list's truthiness before doing any tracing work.
 ACTIVE: list[Trace] = []
@@ -50,6 +63,31 @@ _now = time.perf_counter_ns
 _wall = time.time_ns
 _ident = threading.get_ident
 _KERNEL = KIND_CODE["kernel"]
+#: Modules whose presence means CUDA may be used by other code in this process: a trace then starts CUPTI when it
+#: starts, not when the workbench's own first op meets a CUDA device, so that every library's work is in it.
+CUDA_MODULES = ("cupy", "torch", "numba.cuda", "cuda.core", "cuda.bindings", "pycuda", "jax")
+
+
+def _cuda_in_process() -> bool:
+    modules = sys.modules
+    return any(name in modules for name in CUDA_MODULES)
+
+
+def _cuda_name(ordinal: int) -> str:
+    """A CUDA device's name, asked of whichever library is loaded (no new CUDA context is made for it)."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            return cupy.cuda.runtime.getDeviceProperties(ordinal)["name"].decode()
+        except Exception:  # noqa: BLE001
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            return str(torch.cuda.get_device_name(ordinal))
+        except Exception:  # noqa: BLE001
+            pass
+    return f"CUDA device {ordinal}"
 
 
 @dataclass
@@ -184,6 +222,13 @@ class Trace:
         self._deferred = False  # records left undecoded by the harvester since the last harvest
         self._harvest_lock = threading.RLock()
         self._other_bytes: dict[int, int] = {}  # device number -> other libraries' net device allocations
+        self._foreign: ForeignRecords | None = None  # other libraries' records, while CUPTI serves this trace
+        self._cuda_numbers: dict[int, int] = {}  # CUDA ordinal -> trace device number
+        self._claimed: set[int] = set()  # trace device numbers a workbench Device has
+        self._threads: dict[int, int] = {}  # CUPTI thread id (32 bits) -> host row index
+        self._cupti_offset = self._cupti_error = 0
+        self._taken = ""  # why CUPTI was handed to another client while this trace recorded
+        self._held = {}  # device number -> bytes the workbench held at its last memory sample
 
     @property
     def version(self) -> int:
@@ -207,6 +252,8 @@ class Trace:
         if self.recording:
             return self
         self.started_ns = time.perf_counter_ns()
+        if self.source != "events" and _cuda_in_process():
+            self._start_cupti()  # every library's CUDA work from the first op on
         with _ACTIVE_LOCK:
             ACTIVE.append(self)
         self._stop.clear()
@@ -239,12 +286,21 @@ class Trace:
         number = self._device_numbers.get(key)
         if number is not None:
             return number
+        ordinal = device.index if device.backend_kind.value == "cuda" else None
         with self._lock:
             if key in self._device_numbers:
                 return self._device_numbers[key]
-            number = len(self._devices)
-            self._devices[number] = self._align(device)
-            self._cupti_flags.append(self._devices[number].source == "cupti")
+            number = self._cuda_numbers.get(ordinal) if ordinal is not None else None
+            if number is not None and number not in self._claimed:  # seen first in another library's records
+                clock = self._devices[number]
+                clock.key, clock.name = device.spec, device.name
+            else:
+                number = len(self._devices)
+                self._devices[number] = self._align(device)
+                self._cupti_flags.append(self._devices[number].source == "cupti")
+                if ordinal is not None and self._devices[number].source == "cupti":
+                    self._cuda_numbers.setdefault(ordinal, number)
+            self._claimed.add(number)
             self._device_numbers[key] = number
             for sid, label in device._stream_labels().items():
                 self._stream_labels[(number, sid)] = label
@@ -261,10 +317,10 @@ class Trace:
                 if blocked
                 else self._start_cupti()
             )
-            if not blocked and self._cupti is not None:
-                cupti_ns, host_ns, err = self._cupti.clock_sample()
-                clock.source, clock.offset_ns, clock.error_ns = "cupti", cupti_ns - host_ns, err
+            if not blocked and self._cupti is not None and not self._taken:
+                clock.source, clock.offset_ns, clock.error_ns = "cupti", self._cupti_offset, self._cupti_error
                 return clock
+            reason = reason or self._taken
             clock.note = (
                 f"CUPTI not used ({reason}); spans come from CUDA events, which mark when the stream reached each op, "
                 "not when the copy engine or SMs ran it: kernels can look several µs longer and a copy queued behind "
@@ -280,25 +336,77 @@ class Trace:
         if self._cupti_tried:
             return self._cupti_reason
         self._cupti_tried = True
-        try:
-            from .cupti import CuptiSource, CuptiUnavailable
-        except ImportError as exc:  # pragma: no cover - the module ships with the package
-            self._cupti_reason = str(exc)
-            return self._cupti_reason
+        cupti_module = cupti_source
+        ok, why = cupti_module.CuptiSource.available()
+        if not ok:
+            self._cupti_reason = why
+            return why
+        other = cupti_module.other_client()
+        if other:
+            self._cupti_reason = other
+            self._warn_once(f"CUPTI not used: {other}; this trace times its own ops by events and sees no other work")
+            return other
         global _CUPTI_OWNER
         owner = _CUPTI_OWNER
         if owner is not None and owner is not self and not owner.recording and owner._thread is not None:
             owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
+        cupti_module.prepare(background=False)  # once per process; at once when done ahead (``%load_ext``, a Device)
+        source = cupti_module.process_source()
         try:
-            source = CuptiSource()
             source.start()
-        except CuptiUnavailable as exc:
+        except cupti_module.CuptiUnavailable as exc:
             self._cupti_reason = str(exc)
             return self._cupti_reason
         _CUPTI_OWNER = self
         self._cupti = source
+        cupti_ns, host_ns, err = source.clock_sample()
+        self._cupti_offset, self._cupti_error = cupti_ns - host_ns, err
         self._window_offset, self._window_drifts = self._sample_window_offset()
+        self._foreign = ForeignRecords(self._foreign_devices, self._thread_row, self.label_stream, source.api_name)
         return ""
+
+    def _foreign_devices(self, ordinals: np.ndarray) -> np.ndarray:
+        """Trace device numbers of CUDA ordinals seen in CUPTI records (new ones are added, on CUPTI's clock)."""
+        numbers = self._cuda_numbers
+        unique = np.unique(ordinals)
+        if any(int(o) not in numbers for o in unique.tolist()):
+            with self._lock:
+                for ordinal in unique.tolist():
+                    if ordinal not in numbers:
+                        number = len(self._devices)
+                        self._devices[number] = DeviceClock(
+                            key=f"cuda:{ordinal}",
+                            name=_cuda_name(ordinal),
+                            source="cupti",
+                            offset_ns=self._cupti_offset,
+                            error_ns=self._cupti_error,
+                        )
+                        self._cupti_flags.append(True)
+                        numbers[ordinal] = number
+        lookup = np.array([numbers[int(o)] for o in unique.tolist()], np.int64)
+        return lookup[np.searchsorted(unique, ordinals)] if unique.size else np.zeros(0, np.int64)
+
+    def _thread_row(self, device: int, thread: int) -> int:
+        """The host row (a negative stream) of a thread CUPTI names by the low 32 bits of its ``pthread_self``."""
+        index = self._threads.get(thread)
+        if index is None:
+            index = self._threads[thread] = len(self._threads)
+        stream = thread_stream(index)
+        if (device, stream) not in self._stream_labels:
+            name = next((t.name for t in threading.enumerate() if (t.ident or 0) & 0xFFFFFFFF == thread), "")
+            self._stream_labels[(device, stream)] = f"host {name}" if name else f"host thread {thread:#x}"
+        return stream
+
+    def _give_up_cupti(self, reason: str) -> None:
+        """Another client took CUPTI while this trace recorded: its later ops are timed by events."""
+        self._taken = reason
+        self._cupti.freeze()
+        self._cupti_flags = [False] * len(self._cupti_flags)
+        self._streams.clear()
+        self._warn_once(
+            f"CUPTI taken over mid-trace: {reason}. From then on this trace times its own ops by CUDA events and "
+            "sees no other library's work; its ops enqueued just before may be missing."
+        )
 
     def _sample_window_offset(self) -> tuple[int, bool]:
         """CUPTI's clock minus the window clock, and False where they are one clock (the offset is then 0)."""
@@ -413,6 +521,7 @@ class Trace:
                 "used_bytes": used,
                 "other_bytes": self._other_bytes.get(device_number, -1),
             }
+            self._held[device_number] = held
             self._memory.append(row)
             self._version += 1
 
@@ -448,6 +557,10 @@ class Trace:
                 stopping = self._stop.wait(self.interval_s)
             cpu = time.thread_time()
             try:
+                if self._cupti is not None and not self._taken and self.recording:
+                    other = cupti_source.other_client()
+                    if other:
+                        self._give_up_cupti(other)
                 if self._defers():
                     self._deferred = True
                     self._stats.deferred_harvests += 1
@@ -466,6 +579,7 @@ class Trace:
         timed by events waiting (their pooled events are held until harvested)."""
         return (
             self._cupti is not None
+            and not self._taken
             and self.recording
             and time.monotonic() - self._read_at > WATCH_S
             and not self._pending
@@ -501,9 +615,11 @@ class Trace:
             if self._window_drifts:
                 self._window_offset = self._sample_window_offset()[0]
             eager = flush or not self.recording
-            records = self._cupti.flush_columns(eager=eager, full=False, resolve=self._resolve)
+            records = self._cupti.flush_columns(eager=eager, full=True, resolve=self._resolve)
             ops.add_records(records, cycle)
             self.stats.unplaced_calls = self._cupti.unplaced_calls
+            if self._foreign is not None:
+                self._add_foreign(records)
             if len(ops):
                 lost = ops.lost
                 off = np.array([offsets[n] for n in range(len(offsets))], np.int64)
@@ -542,6 +658,27 @@ class Trace:
         self.stats.dropped = self._spans.dropped
         return added
 
+    def _add_foreign(self, records: dict[str, np.ndarray] | None) -> None:
+        """Other libraries' work, launches, allocations and NVTX ranges from this flush, as spans."""
+        foreign = None
+        if records is not None:
+            theirs = records["external_id"] <= 0
+            if theirs.any():
+                foreign = {k: v[theirs] for k, v in records.items()}
+        blocks = self._foreign.spans(foreign, self._cupti.take_extras(), self._cupti_offset)
+        if not blocks:
+            return
+        with self._lock:
+            for block in blocks:
+                self._spans.extend_columns(block)
+                if (block["kind"] == KIND_CODE["alloc"]).any() or (block["kind"] == KIND_CODE["free"]).any():
+                    now = int(block["end_ns"].max())
+                    for dev, total in self._foreign.other_bytes.items():
+                        self._other_bytes[dev] = total
+                        row = {"device": dev, "t_ns": now, "held_bytes": self._held.get(dev, 0), "used_bytes": -1}
+                        self._memory.append(row | {"other_bytes": total})
+            self._version += 1
+
     def _warn_once(self, message: str) -> None:
         if message not in self.stats.warnings:
             self.stats.warnings.append(message)
@@ -549,7 +686,10 @@ class Trace:
     def _finish_cupti(self) -> None:
         global _CUPTI_OWNER
         if self._cupti is not None:
-            self._cupti.stop()
+            if self._taken:
+                self._cupti.abandon()  # the other client holds CUPTI now: leave its kinds and callbacks alone
+            else:
+                self._cupti.stop()
             self.stats.unplaced_calls = self._cupti.unplaced_calls
             if _CUPTI_OWNER is self:
                 _CUPTI_OWNER = None
