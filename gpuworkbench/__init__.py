@@ -26,7 +26,9 @@ from .ops import LeastPending, OnStream, Op, Policy, RoundRobin
 from .persistent import PersistentKernel
 from .pipeline import Pipeline, PipelineRun
 from .pykernel import f32, f64, i32, i64, index, kernel, u32, width
+from .ranges import range
 from .streams import Event, Stream, StreamAssignment, StreamPool, StreamSet
+from .trace import cupti
 from .trace.recorder import Trace
 
 __version__ = "0.1.0"
@@ -54,6 +56,7 @@ def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's shell
 
     register(ipython)
     serve_panel(ipython)  # a no-op outside a Jupyter kernel
+    cupti.prepare(background=True)  # CUPTI's one-time setup now, so that the first %%gpu cell does not pay it
 
 
 __all__ = [
@@ -95,6 +98,7 @@ __all__ = [
     "kernel",
     "live",
     "ops",
+    "range",
     "trace",
     "u32",
     "width",

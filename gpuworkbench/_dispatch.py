@@ -53,8 +53,9 @@ def enqueue(
     return completion
 
 
-def host_event(device: Any, kind: str, nbytes: int, name: str, start_ns: int) -> None:
-    """Record an allocation or free (host-side, already finished) and a memory sample in every active trace."""
+def host_event(device: Any, kind: str, nbytes: int, name: str, start_ns: int, address: int = 0) -> None:
+    """Record an allocation or free (host-side, already finished) and a memory sample in every active trace;
+    ``address`` (a device pointer) tells a CUPTI trace that this allocation is the workbench's own."""
     traces = recorder.ACTIVE
     if not traces:
         return
@@ -62,5 +63,5 @@ def host_event(device: Any, kind: str, nbytes: int, name: str, start_ns: int) ->
     used = device._used_bytes_for_trace()
     for t in list(traces):
         n = t.device_number(device)
-        t.host_event(n, kind, nbytes, name, start_ns, end_ns)
+        t.host_event(n, kind, nbytes, name, start_ns, end_ns, address)
         t.memory_sample(n, device.held_bytes, used)

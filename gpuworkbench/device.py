@@ -15,6 +15,7 @@ from . import _dispatch, backends
 from .backends.base import BackendDevice, Caps, DeviceInfo
 from .errors import BackendUnavailable, InvalidArgument
 from .streams import Stream, StreamAssignment, StreamPool, StreamSet
+from .trace import cupti
 
 if TYPE_CHECKING:
     from .buffer import Buffer
@@ -106,6 +107,8 @@ class Device:
         self._buffers: weakref.WeakSet = weakref.WeakSet()
         self._next_stream_id = 0
         self.default_stream = self.create_stream("default")
+        if backend_name == "cuda":
+            cupti.prepare(background=True)  # ready CUPTI (import, attach) before the first trace needs it
 
     @classmethod
     def with_backend(cls, index: int, kind: BackendKind | str) -> Device:
@@ -235,7 +238,9 @@ class Device:
         with self._lock:
             self.held_bytes += nbytes
         self._buffers.add(buf)
-        _dispatch.host_event(self, "alloc", nbytes, f"alloc {nbytes} B", start_ns)
+        _dispatch.host_event(
+            self, "alloc", nbytes, f"alloc {nbytes} B", start_ns, buf._handle if isinstance(buf._handle, int) else 0
+        )
 
     def _register_free(self, nbytes: int, start_ns: int) -> None:
         with self._lock:

@@ -279,6 +279,7 @@ class _RawCupti:
         self.end_status = -1  # CUPTI_ERROR_MAX_LIMIT_REACHED, set by the source from cupti-python's enum
         self.buffers_walked_by_cupti = 0
         self.last_walk_status = 0
+        self.filter_failures = 0
 
     def filter_api(self, switches: list[tuple[int, int, bool]], on: bool) -> bool:
         """Set CUPTI's per-call API record switches (``switches``: domain, cbid, kept); False where it has none."""
@@ -289,10 +290,12 @@ class _RawCupti:
         for fn in calls:
             fn.argtypes = [ctypes.c_uint32, ctypes.c_uint8]
             fn.restype = ctypes.c_int
+        failed = 0
         for domain, cbid, keep in switches:
             if calls[domain](cbid, 1 if keep or not on else 0):
-                return False
-        return True
+                failed += 1  # a call id this CUPTI does not know (the enum may be newer): it records nothing anyway
+        self.filter_failures = failed
+        return failed < len(switches)
 
     def register(self) -> None:
         """Make CUPTI hand its activity buffers to us (replaces any callbacks registered before)."""
@@ -504,6 +507,10 @@ class CuptiSource:
         self._tables_ready = False
         self._switches: list[tuple[int, int, bool]] | None = None
         self._frozen = False
+        #: Why API records cannot be limited to launches here ('' where they can, or before the first try).
+        self.filter_error = ""
+        #: Bumped by every ``start``: a trace stops or abandons only the session it started.
+        self.session = 0
         #: Whether the API carrier records are limited to the calls that enqueue device work.
         self.api_filtered = False
         #: Records dropped because CUPTI had no valid start/end for them (e.g. cut off by a forced flush).
@@ -583,6 +590,8 @@ class CuptiSource:
                 raise CuptiUnavailable(f"CUPTI activity tracing could not start: {_describe(exc, cupti)}") from exc
             self._push = cupti.activity_push_external_correlation_id
             self._pop = cupti.activity_pop_external_correlation_id
+            self._frozen = False
+            self.session += 1
             self._running = True
 
     def stop(self) -> None:
@@ -784,6 +793,8 @@ class CuptiSource:
 
         Through libcupti directly where it has the per-call switches (about 1 100 calls: ~0.3 ms, against ~2 ms
         through cupti-python), so that starting a trace stays cheap."""
+        if self.filter_error:  # this CUPTI has no per-call switches: do not pay for finding out again
+            return False
         raw = self._raw
         if raw is not None and raw.filter_api(self._api_switches(), on):
             return True
@@ -800,7 +811,8 @@ class CuptiSource:
                         continue
                     keep = not on or (name.startswith(prefixes) and "HostFunc" not in name)
                     set_api(int(member), int(keep))
-        except Exception:  # noqa: BLE001  (an older CUPTI without per-API switches: records every call)
+        except Exception as exc:  # noqa: BLE001  (a CUPTI without per-API switches: records every call)
+            self.filter_error = f"{type(exc).__name__}: {exc}"
             return False
         return True
 

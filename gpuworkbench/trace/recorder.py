@@ -68,6 +68,26 @@ _KERNEL = KIND_CODE["kernel"]
 CUDA_MODULES = ("cupy", "torch", "numba.cuda", "cuda.core", "cuda.bindings", "pycuda", "jax")
 
 
+def _hook_torch_profiler() -> None:
+    """Have torch.profiler take CUPTI cleanly from a recording trace: wraps ``torch.autograd.profiler.
+    _prepare_profiler`` (once) so that the trace holding CUPTI flushes and stops it before Kineto takes the callbacks.
+    Without it, records in a buffer of ours would go to Kineto, which drops buffers it did not hand out: lost to both.
+    A seam with PyTorch (docs/architecture.md); a torch without that function keeps the harvester's detection."""
+    module = sys.modules.get("torch.autograd.profiler")
+    original = getattr(module, "_prepare_profiler", None)
+    if original is None or getattr(original, "gpuworkbench_hook", False):
+        return
+
+    def prepare(*args: Any, **kwargs: Any) -> Any:
+        owner = _CUPTI_OWNER
+        if owner is not None:
+            owner._yield_cupti("torch.profiler started and took CUPTI")
+        return original(*args, **kwargs)
+
+    prepare.gpuworkbench_hook = True  # type: ignore[attr-defined]
+    module._prepare_profiler = prepare
+
+
 def _cuda_in_process() -> bool:
     modules = sys.modules
     return any(name in modules for name in CUDA_MODULES)
@@ -228,6 +248,7 @@ class Trace:
         self._threads: dict[int, int] = {}  # CUPTI thread id (32 bits) -> host row index
         self._cupti_offset = self._cupti_error = 0
         self._taken = ""  # why CUPTI was handed to another client while this trace recorded
+        self._cupti_session = -1
         self._held = {}  # device number -> bytes the workbench held at its last memory sample
 
     @property
@@ -352,6 +373,10 @@ class Trace:
             owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
         cupti_module.prepare(background=False)  # once per process; at once when done ahead (``%load_ext``, a Device)
         source = cupti_module.process_source()
+        if source.running:
+            self._cupti_reason = "another trace of this process holds CUPTI (it serves one trace at a time)"
+            return self._cupti_reason
+        _hook_torch_profiler()
         try:
             source.start()
         except cupti_module.CuptiUnavailable as exc:
@@ -359,6 +384,7 @@ class Trace:
             return self._cupti_reason
         _CUPTI_OWNER = self
         self._cupti = source
+        self._cupti_session = source.session
         cupti_ns, host_ns, err = source.clock_sample()
         self._cupti_offset, self._cupti_error = cupti_ns - host_ns, err
         self._window_offset, self._window_drifts = self._sample_window_offset()
@@ -396,6 +422,27 @@ class Trace:
             name = next((t.name for t in threading.enumerate() if (t.ident or 0) & 0xFFFFFFFF == thread), "")
             self._stream_labels[(device, stream)] = f"host {name}" if name else f"host thread {thread:#x}"
         return stream
+
+    def _yield_cupti(self, reason: str) -> None:
+        """Hand CUPTI to another client that is about to take it (torch.profiler, through ``_hook_torch_profiler``):
+        flush and stop it first, so that no buffer of ours is left for the other tool to receive, decode what came
+        back, and time later ops by events. Ops whose records had not come (still running) are counted lost."""
+        global _CUPTI_OWNER
+        with self._harvest_lock:
+            source = self._cupti
+            if source is None or self._taken or source.session != self._cupti_session:
+                return
+            source.stop()
+            self._give_up_cupti(reason)
+            self._harvest(flush=False)
+            left = len(self._cupti_ops)
+            if left:
+                self.stats.lost += left
+                self._warn_once(f"{left} ops still running when CUPTI was handed over have no span")
+            self._cupti_ops = CuptiOps()
+            self._cupti, self._foreign = None, None
+            if _CUPTI_OWNER is self:
+                _CUPTI_OWNER = None
 
     def _give_up_cupti(self, reason: str) -> None:
         """Another client took CUPTI while this trace recorded: its later ops are timed by events."""
@@ -506,10 +553,22 @@ class Trace:
             )
             self._event_ops += 1
 
-    def host_event(self, device_number: int, kind: str, nbytes: int, name: str, start_ns: int, end_ns: int) -> None:
-        """Record a host-side event (alloc, free, marker) that took place between two host times."""
+    def host_event(
+        self, device_number: int, kind: str, nbytes: int, name: str, start_ns: int, end_ns: int, address: int = 0
+    ) -> None:
+        """Record a host-side event (alloc, free, marker) that took place between two host times; ``address``: the
+        workbench's own device allocation, which CUPTI's memory records then do not count as another library's."""
+        if address and self._foreign is not None:
+            self._foreign.own_addresses.add(address)
         with self._lock:
             self._append_span(device_number, -1, KIND_CODE[kind], start_ns, end_ns, start_ns, nbytes, name, -1)
+
+    def host_range(self, name: str, start_ns: int, end_ns: int, thread: int) -> None:
+        """A named region of host time on ``thread``'s host row (``gw.range``), on the trace's first device."""
+        device = min(self._devices, default=0)
+        with self._lock:
+            stream = self._thread_row(device, thread & 0xFFFFFFFF)
+            self._append_span(device, stream, KIND_CODE["range"], start_ns, end_ns, start_ns, 0, name, -1)
 
     def memory_sample(self, device_number: int, held: int, used: int) -> None:
         """Record the bytes the workbench holds on a device (and the device's used total, -1 if unknown) now."""
@@ -685,11 +744,12 @@ class Trace:
 
     def _finish_cupti(self) -> None:
         global _CUPTI_OWNER
-        if self._cupti is not None:
+        if self._cupti is not None and self._cupti.session == self._cupti_session:
             if self._taken:
                 self._cupti.abandon()  # the other client holds CUPTI now: leave its kinds and callbacks alone
             else:
                 self._cupti.stop()
+            self.harvest()  # what the stop's forced flush handed back, and records held for ids: all released now
             self.stats.unplaced_calls = self._cupti.unplaced_calls
             if _CUPTI_OWNER is self:
                 _CUPTI_OWNER = None

@@ -1,0 +1,370 @@
+"""Seeing other libraries' CUDA work, and what it costs (needs a CUDA GPU, CuPy, PyTorch and cupti-python).
+
+    python benchmarks/bench_any_cuda.py proof     # CuPy + PyTorch work: a gpuworkbench trace against torch.profiler
+    python benchmarks/bench_any_cuda.py cost      # trace start, the first trace of a process, idle and launch cost
+    python benchmarks/bench_any_cuda.py coexist   # torch.profiler inside and after a gpuworkbench trace
+
+Each prints one JSON object per result. ``proof`` runs one mixed workload (PyTorch matmuls and ReLU on a stream of its
+own, CuPy H2D from pinned and pageable memory, an elementwise expression and a reduction on another) twice: once
+inside ``gw.trace()`` and once inside ``torch.profiler.profile()`` (CUPTI under both; the profiler is ground truth),
+and compares kernel counts per stream, per-kernel durations, copy bytes and overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.abspath(__file__)
+
+
+def emit(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+# -- the mixed workload --------------------------------------------------------------------------------------------
+
+
+class Workload:
+    """PyTorch and CuPy work on two streams; ``run()`` enqueues it all and waits."""
+
+    def __init__(self) -> None:
+        import cupy as cp
+        import cupyx
+        import torch
+
+        self.cp, self.torch = cp, torch
+        self.a = torch.randn(2048, 2048, device="cuda")
+        self.host = np.ones(8 << 20, np.float32)  # 32 MiB, pageable
+        self.pinned = cupyx.empty_pinned(self.host.shape, np.float32)
+        self.pinned[:] = 1
+        self.torch_stream = torch.cuda.Stream()
+        self.cupy_stream = cp.cuda.Stream(non_blocking=True)
+        self.out = cp.empty(self.host.shape, cp.float32)
+        self.scale = cp.ElementwiseKernel("float32 x", "float32 y", "y = 2 * x + 1", "scale_add")
+        self.run()
+
+    def run(self) -> None:
+        torch, cp = self.torch, self.cp
+        with torch.cuda.stream(self.torch_stream):
+            c = self.a
+            for _ in range(4):
+                c = c @ self.a
+            torch.relu(c)
+        with self.cupy_stream:
+            x = cp.empty(self.host.shape, cp.float32)
+            x.set(self.pinned, stream=self.cupy_stream)  # pinned H2D, async
+            y = cp.empty_like(x)
+            y.set(self.host, stream=self.cupy_stream)  # pageable H2D
+            self.scale(x, self.out)
+            float(self.out.sum())  # a reduction and its D2H of one value
+        torch.cuda.synchronize()
+
+
+def torch_spans(path: str) -> list[dict]:
+    """A torch.profiler Chrome trace's device work as span dicts (kind, stream, start_ns, end_ns, bytes, name)."""
+    events = json.load(open(path))["traceEvents"]
+    out = []
+    for e in events:
+        cat, name = e.get("cat"), e.get("name", "")
+        if cat not in ("kernel", "gpu_memcpy", "gpu_memset") or e.get("ph") != "X":
+            continue
+        if cat == "kernel":
+            kind = "kernel"
+        elif cat == "gpu_memset":
+            kind = "memset"
+        else:
+            kind = {"HtoD": "h2d", "DtoH": "d2h"}.get(name.split()[1] if len(name.split()) > 1 else "", "d2d")
+        start = round(e["ts"] * 1000)
+        pinned = 1 if "Pinned" in name else 0 if "Pageable" in name else -1
+        out.append(
+            {
+                "kind": kind,
+                "stream": int(e["args"].get("stream", 0)),
+                "start_ns": start,
+                "end_ns": start + round(e["dur"] * 1000),
+                "bytes": int(e["args"].get("bytes", 0)),
+                "name": name,
+                "pinned": pinned,
+            }
+        )
+    return out
+
+
+def proof() -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import gpuworkbench as gw
+    from gpuworkbench.trace.analysis import summarize
+    from gpuworkbench.trace.cupti_foreign import FOREIGN_STREAM_BASE
+    from gpuworkbench.trace.spans import KINDS
+
+    work = Workload()
+    rounds = []
+    for _ in range(3):
+        with gw.trace() as t:
+            work.run()
+        table = t.table()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            work.run()
+        path = tempfile.mktemp(suffix=".json")
+        prof.export_chrome_trace(path)
+        theirs = torch_spans(path)
+        os.unlink(path)
+        ours = [
+            {
+                "kind": KINDS[int(k)],
+                "stream": int(s) - FOREIGN_STREAM_BASE,
+                "start_ns": int(a),
+                "end_ns": int(b),
+                "bytes": int(n),
+                "name": str(m),
+                "pinned": int(p),
+            }
+            for k, s, a, b, n, m, p in zip(
+                table["kind"],
+                table["stream"],
+                table["start_ns"],
+                table["end_ns"],
+                table["bytes"],
+                table["name"],
+                table["pinned"],
+            )
+            if KINDS[int(k)] in ("kernel", "h2d", "d2h", "d2d", "memset")
+        ]
+
+        def per_stream(spans: list[dict], kind: str) -> dict[int, list[dict]]:
+            out: dict[int, list[dict]] = {}
+            for s in sorted(spans, key=lambda s: s["start_ns"]):
+                if s["kind"] == kind:
+                    out.setdefault(s["stream"], []).append(s)
+            return out
+
+        ok, tk = per_stream(ours, "kernel"), per_stream(theirs, "kernel")
+        diffs = []
+        for sid in set(ok) & set(tk):
+            if len(ok[sid]) == len(tk[sid]):
+                diffs += [
+                    abs((a["end_ns"] - a["start_ns"]) - (b["end_ns"] - b["start_ns"])) for a, b in zip(ok[sid], tk[sid])
+                ]
+        copies = {
+            who: sorted((s["kind"], s["bytes"], s["pinned"]) for s in spans if s["kind"] in ("h2d", "d2h", "d2d"))
+            for who, spans in (("ours", ours), ("torch", theirs))
+        }
+        overlap = {
+            who: summarize(gw.Trace.from_records(spans).table()).overlap_pct
+            for who, spans in (("ours", ours), ("torch", theirs))
+        }
+        rounds.append(
+            {
+                "kernels_per_stream": {
+                    "ours": {k: len(v) for k, v in ok.items()},
+                    "torch": {k: len(v) for k, v in tk.items()},
+                },
+                "kernel_duration_abs_diff_ns_median": statistics.median(diffs) if diffs else None,
+                "kernel_duration_abs_diff_ns_max": max(diffs) if diffs else None,
+                "copies_equal": copies["ours"] == copies["torch"],
+                "copies": copies,
+                "overlap_pct": overlap,
+                "names_sample": sorted({s["name"] for s in ours if s["kind"] == "kernel"})[:6],
+                "api_spans": int((table["kind"] == KINDS.index("api")).sum()),
+                "linked": int(((table["corr"] >= 0) & (table["kind"] == KINDS.index("kernel"))).sum()),
+                "warnings": t.stats.warnings,
+                "lost": t.stats.lost,
+            }
+        )
+    for r in rounds:
+        emit(what="proof", **r)
+    source = gw.cupti.process_source()
+    emit(what="CUPTI", api_filtered=source.api_filtered, filter_error=source.filter_error, notes=source.layout_notes)
+    del torch
+
+
+# -- costs ---------------------------------------------------------------------------------------------------------
+
+
+def pipeline_setup():
+    import gpuworkbench as gw
+
+    dev = gw.Device()
+    kernel = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")
+    n = (64 << 20) // 4
+    inputs = [dev.empty_pinned(n, "float32") for _ in range(16)]
+    outputs = [dev.empty_pinned(n, "float32") for _ in range(16)]
+    pipe = gw.Pipeline(dev, lambda x, y, s: kernel(x, y, stream=s)).__enter__()
+    pipe.run(inputs[:1], outputs[:1])
+    return gw, dev, pipe, inputs, outputs
+
+
+def child(mode: str) -> None:
+    """One fresh process: the first trace of a process around a pipeline run, or the launch loop's idle cost."""
+    if mode in ("first-traced", "first-untraced"):
+        gw, dev, pipe, inputs, outputs = pipeline_setup()
+        time.sleep(1.0)  # a notebook's pause between cells: the one-time CUPTI setup finishes in the background
+        t0 = time.perf_counter()
+        if mode == "first-traced":
+            with gw.trace():
+                pipe.run(inputs, outputs)
+        else:
+            pipe.run(inputs, outputs)
+        emit(mode=mode, ms=(time.perf_counter() - t0) * 1e3)
+        return
+    import cupy as cp
+
+    import gpuworkbench as gw
+
+    k = cp.RawKernel('extern "C" __global__ void e() {}', "e")
+
+    def loop(n: int = 4000) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            k((1,), (1,), ())
+        cp.cuda.Device().synchronize()
+        return (time.perf_counter() - t) / n * 1e6
+
+    loop(500)
+    if mode == "idle-after-trace":
+        with gw.trace() as t:
+            loop(500)
+        t.wait_pending()
+        t._thread.join(5)
+    elif mode == "idle-prepared":
+        gw.cupti.prepare(background=False)
+    emit(mode=mode, us=statistics.median(loop() for _ in range(9)))
+
+
+def cost() -> None:
+    import gpuworkbench as gw
+
+    # In-process: untraced pipeline runs against runs inside a fresh trace each, in ABBA pairs.
+    gw_, dev, pipe, inputs, outputs = pipeline_setup()
+    with gw.trace():
+        pipe.run(inputs[:1], outputs[:1])  # the process's first trace: setup done
+    pairs = []
+    for p in range(20):
+        pair = {}
+        for which in ("untraced", "traced") if p % 2 == 0 else ("traced", "untraced"):
+            t0 = time.perf_counter()
+            if which == "traced":
+                with gw.trace():
+                    pipe.run(inputs, outputs)
+            else:
+                pipe.run(inputs, outputs)
+            pair[which] = (time.perf_counter() - t0) * 1e3
+        pairs.append(pair)
+    ratio = [p["traced"] / p["untraced"] for p in pairs]
+    delta = [p["traced"] - p["untraced"] for p in pairs]
+    emit(
+        what="pipeline 16x64MiB, fresh trace per run",
+        untraced_ms=statistics.median(p["untraced"] for p in pairs),
+        traced_ms=statistics.median(p["traced"] for p in pairs),
+        ratio_median=statistics.median(ratio),
+        delta_ms_median=statistics.median(delta),
+        ratios=[round(r, 4) for r in ratio],
+    )
+    empty = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        with gw.trace():
+            pass
+        empty.append((time.perf_counter() - t0) * 1e3)
+    emit(what="with gw.trace(): pass", ms_median=statistics.median(empty), ms_max=max(empty))
+    starts = []
+    for _ in range(30):
+        t = gw.trace()
+        t0 = time.perf_counter()
+        t.start()
+        starts.append((time.perf_counter() - t0) * 1e3)
+        t.stop()
+        t.wait_pending()
+        t._thread.join(5)
+    emit(what="Trace.start() alone, CUPTI handed over between traces", ms_median=statistics.median(starts))
+
+    def run_children(modes: list[str], rounds: int, key: str) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {m: [] for m in modes}
+        for r in range(rounds):
+            for m in modes if r % 2 == 0 else modes[::-1]:
+                p = subprocess.run([sys.executable, HERE, "child", m], capture_output=True, text=True)
+                try:
+                    out[m].append(json.loads(p.stdout.strip().splitlines()[-1])[key])
+                except (IndexError, ValueError, KeyError):
+                    emit(child_failed=m, stderr=p.stderr[-2000:])
+        return out
+
+    first = run_children(["first-untraced", "first-traced"], 6, "ms")
+    emit(
+        what="first trace of a process around one pipeline run (fresh processes, 1 s after setup)",
+        **{m: {"median_ms": statistics.median(v), "all": [round(x, 2) for x in v]} for m, v in first.items() if v},
+    )
+    idle = run_children(["never", "idle-prepared", "idle-after-trace"], 6, "us")
+    emit(
+        what="empty-launch loop, us per launch, in processes that never traced / only prepared / traced once",
+        **{m: {"median_us": statistics.median(v), "all": [round(x, 3) for x in v]} for m, v in idle.items() if v},
+    )
+
+
+def coexist() -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import gpuworkbench as gw
+
+    a = torch.randn(1024, 1024, device="cuda")
+
+    def torch_kernels(prof) -> int:
+        path = tempfile.mktemp(suffix=".json")
+        prof.export_chrome_trace(path)
+        n = sum(1 for e in json.load(open(path))["traceEvents"] if e.get("cat") == "kernel")
+        os.unlink(path)
+        return n
+
+    def work() -> None:
+        for _ in range(3):
+            (a @ a).relu_()
+        torch.cuda.synchronize()
+
+    work()
+    with gw.trace() as t:
+        work()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as inside:
+            work()
+        work()
+    n_ours = int((t.table()["kind"] == 4).sum())
+    emit(
+        what="torch.profiler inside a trace",
+        torch_kernels=torch_kernels(inside),
+        trace_kernels=n_ours,
+        warnings=t.stats.warnings,
+        lost=t.stats.lost,
+    )
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as after:
+        work()
+    emit(what="torch.profiler after a trace", torch_kernels=torch_kernels(after))
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as holding:
+        with gw.trace() as t2:
+            work()
+    emit(
+        what="a trace inside torch.profiler",
+        torch_kernels=torch_kernels(holding),
+        trace_spans=len(t2.spans),
+        warnings=t2.stats.warnings,
+    )
+    with gw.trace() as t3:
+        work()
+    emit(what="a trace after all that", kernels=int((t3.table()["kind"] == 4).sum()), warnings=t3.stats.warnings)
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "proof"
+    if what == "child":
+        child(sys.argv[2])
+    else:
+        {"proof": proof, "cost": cost, "coexist": coexist}[what]()

@@ -1,0 +1,162 @@
+"""Other libraries' CUDA work in a trace, on a real GPU: plain CuPy and PyTorch code inside ``gw.trace()``.
+
+Marked ``gpu``; skipped cleanly where CuPy, PyTorch, cupti-python or a GPU is missing. ``benchmarks/bench_any_cuda.py
+proof`` compares the same kind of capture with torch.profiler's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+import gpuworkbench as gw
+from gpuworkbench.trace.cupti_foreign import FOREIGN_STREAM_BASE
+from gpuworkbench.trace.spans import KIND_CODE, unpack_dim3
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cp():
+    cupy = pytest.importorskip("cupy")
+    ok, why = gw.backends.get("cuda").available()
+    if not ok:
+        pytest.skip(f"no CUDA device: {why}")
+    available, why = gw.cupti.CuptiSource.available()
+    if not available:
+        pytest.skip(why)
+    return cupy
+
+
+def foreign(table: dict, kind: str) -> np.ndarray:
+    return (table["kind"] == KIND_CODE[kind]) & (table["stream"] >= FOREIGN_STREAM_BASE)
+
+
+def test_plain_cupy_work_is_traced_with_names_bytes_pinning_and_launches(cp):
+    import cupyx
+
+    host = np.arange(1 << 20, dtype=np.float32)
+    pinned = cupyx.empty_pinned(host.shape, np.float32)
+    pinned[:] = host
+    scale = cp.ElementwiseKernel("float32 x", "float32 y", "y = 2 * x + 1", "scale_by_two_plus_one")
+    x = cp.empty(host.shape, cp.float32)
+    scale(x, x)  # compiled outside the trace
+    cp.cuda.Device().synchronize()
+    with gw.trace() as t:
+        x.set(pinned)
+        y = cp.asarray(host)  # pageable
+        scale(x, y)
+        back = y.get()
+    table = t.table()
+    assert np.allclose(back, 2 * host + 1)
+    kernels = foreign(table, "kernel")
+    assert any("scale_by_two_plus_one" in n for n in table["name"][kernels])
+    h2d = foreign(table, "h2d")
+    assert sorted(table["pinned"][h2d].tolist()) == [0, 1] and set(table["bytes"][h2d].tolist()) == {host.nbytes}
+    d2h = foreign(table, "d2h")
+    assert table["bytes"][d2h].tolist() == [host.nbytes] and table["pinned"][d2h].tolist() == [0]
+    # Every device span is linked to the host call that enqueued it, which starts before it.
+    device_rows = np.flatnonzero(kernels | h2d | d2h)
+    api = table["kind"] == KIND_CODE["api"]
+    for i in device_rows.tolist():
+        corr = table["corr"][i]
+        assert corr >= 0, table["name"][i]
+        (call,) = np.flatnonzero(api & (table["corr"] == corr))
+        assert table["start_ns"][call] <= table["start_ns"][i] and table["enqueue_ns"][i] == table["start_ns"][call]
+        assert table["stream"][call] <= -2  # a host thread's row
+    grid = [unpack_dim3(g) for g in table["grid"][kernels]]
+    assert all(g is not None and g[0] > 0 for g in grid)
+    labels = t.stream_labels
+    streams = {int(s) for s in table["stream"][kernels]}
+    assert all(labels.get((0, s), "").endswith(f"stream {s - FOREIGN_STREAM_BASE}") for s in streams)
+    assert t.devices[0].source == "cupti" and t.stats.lost == 0
+
+
+def test_torch_work_its_streams_allocations_and_nvtx_ranges(cp):
+    torch = pytest.importorskip("torch")
+    a = torch.randn(1024, 1024, device="cuda")
+    (a @ a).sum().item()
+    side = torch.cuda.Stream()
+    with gw.trace() as t:
+        with gw.range("step"):
+            with torch.cuda.stream(side):
+                b = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # 64 MiB from the caching allocator
+                torch.cuda.nvtx.range_push("matmul")
+                c = a @ a
+                torch.cuda.nvtx.range_pop()
+            torch.cuda.synchronize()
+    table = t.table()
+    kernels = foreign(table, "kernel")
+    assert kernels.sum() >= 1
+    labels = {
+        t.stream_labels.get((int(d), int(s)), "") for d, s in zip(table["device"][kernels], table["stream"][kernels])
+    }
+    assert any(label.startswith(("torch stream", "CUDA stream")) for label in labels)
+    ranges = table["name"][table["kind"] == KIND_CODE["range"]].tolist()
+    assert "step" in ranges
+    if os.environ.get("NVTX_INJECTION64_PATH"):  # NVTX reaches CUPTI only where it was pointed at it before use
+        assert "matmul" in ranges
+    allocs = table["kind"] == KIND_CODE["alloc"]
+    assert table["bytes"][allocs].sum() >= 64 << 20
+    assert t.memory_table()["other_bytes"].max() >= 64 << 20
+    del b, c
+
+
+def test_our_ops_keep_their_names_beside_other_libraries_launches_on_one_thread(cp):
+    dev = gw.Device("cuda:0")
+    f = gw.elementwise("float32 x, float32 y", "y = x + 1", name="ours_plus_one")
+    buf, out = dev.alloc(1 << 16, "float32"), dev.alloc(1 << 16, "float32")
+    z = cp.zeros(1 << 16, cp.float32)
+    f(buf, out)
+    (z + 1).sum()
+    dev.synchronize()
+    with gw.trace() as t:
+        for _ in range(5):
+            f(buf, out)
+            z += 1
+    dev.synchronize()
+    table = t.table()
+    ours = (table["kind"] == KIND_CODE["kernel"]) & (table["stream"] < FOREIGN_STREAM_BASE)
+    assert table["name"][ours].tolist() == ["ours_plus_one"] * 5
+    assert foreign(table, "kernel").sum() == 5 and t.stats.lost == 0
+    assert not (table["kind"] == KIND_CODE["alloc"])[table["bytes"] == (1 << 16) * 4].any()  # ours: none in trace
+
+
+def test_torch_profiler_inside_and_after_a_trace_still_records_its_kernels(cp):
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    a = torch.randn(512, 512, device="cuda")
+
+    def work():
+        for _ in range(3):
+            a @ a
+        torch.cuda.synchronize()
+
+    def kernels(prof) -> int:
+        path = tempfile.mktemp(suffix=".json")
+        prof.export_chrome_trace(path)
+        try:
+            return sum(1 for e in json.load(open(path))["traceEvents"] if e.get("cat") == "kernel")
+        finally:
+            os.unlink(path)
+
+    work()
+    with gw.trace() as t:
+        work()
+        with profile(activities=[ProfilerActivity.CUDA]) as inside:
+            work()
+        work()
+    assert kernels(inside) >= 3
+    assert t.wait_pending(30)
+    assert any("torch.profiler" in w for w in t.stats.warnings)
+    with profile(activities=[ProfilerActivity.CUDA]) as after:
+        work()
+    assert kernels(after) >= 3
+    with gw.trace() as again:  # CUPTI is ours again once the profiler is done
+        work()
+    assert foreign(again.table(), "kernel").sum() >= 3 and not again.stats.warnings
