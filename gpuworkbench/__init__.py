@@ -29,6 +29,7 @@ from .pykernel import f32, f64, i32, i64, index, kernel, u32, width
 from .ranges import range
 from .streams import Event, Stream, StreamAssignment, StreamPool, StreamSet
 from .trace import cupti
+from .trace.kineto import load_trace
 from .trace.recorder import Trace
 
 __version__ = "0.1.0"
@@ -97,6 +98,7 @@ __all__ = [
     "index",
     "kernel",
     "live",
+    "load_trace",
     "ops",
     "range",
     "trace",

@@ -143,7 +143,7 @@ def trace_entry(record: Any) -> dict[str, Any]:
     return {
         "id": int(record.trace.id),
         "cell": None if record.execution_count is None else int(record.execution_count),
-        "name": record.name,
+        "name": record.name or _source_name(record),
         "started": _number(record.started),
         "wall_s": _number(record.wall_s),
         "overlap_pct": _number(record.overlap_pct),
@@ -460,9 +460,16 @@ def _state_key(state: Mapping[str, Any]) -> Any:
     return state["traces"], devices, state["live"]
 
 
+def _source_name(record: Any) -> str | None:
+    """The file name of a trace ``%gpu load`` read (None for a ``%%gpu`` cell's)."""
+    source = getattr(record, "source", None)
+    return os.path.basename(source) if source else None
+
+
 def _trace_title(record: Any) -> str:
     where = f"cell [{record.execution_count}]" if record.execution_count is not None else f"trace {record.trace.id}"
-    return f"{where} {record.name}" if record.name else where
+    label = record.name or _source_name(record)
+    return f"{where} {label}" if label else where
 
 
 def _describe(exc: BaseException) -> str:
@@ -488,7 +495,8 @@ def timeline_html(record: Any, title: str, dark: bool = False) -> str:
     figure.sizing_mode = "stretch_width"
     parts: list[Any] = [figure]
     try:
-        summary = record.trace.summary(window=record.window_ns)
+        # a loaded trace is measured over its own work, a cell's over the cell's wall time
+        summary = record.trace.summary(window=None if getattr(record, "source", None) else record.window_ns)
         parts.append(Div(text=summary._repr_html_(), sizing_mode="stretch_width"))
     except Exception as exc:  # the timeline alone is still worth showing
         log.warning("gpuworkbench comm: summary of %s: %s", title, exc)

@@ -1,7 +1,8 @@
 """The ``%gpu`` line magic and ``%%gpu`` cell magic: devices, memory, live view, export, quick benchmarks, traced cells.
 
-``%load_ext gpuworkbench`` registers them. Every traced cell is kept in :data:`history` (newest last) so that a front
-end can list the kernel's traces. Bokeh and ipywidgets are imported only when a picture or a progress bar is drawn.
+``%load_ext gpuworkbench`` registers them. Every traced cell, and every trace ``%gpu load`` read, is kept in
+:data:`history` (newest last) so that a front end can list the kernel's traces. Bokeh and ipywidgets are imported
+only when a picture or a progress bar is drawn.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ LINE_USAGE = """\
 %gpu mem                          memory of the current device and what gpuworkbench holds there
 %gpu live [stop]                  a dashboard that keeps updating while later cells run; stop it
 %gpu export PATH [--live]         write the last %%gpu trace (or the live one) as Chrome-trace JSON
+%gpu load PATH [-o NAME]          read a Chrome / Kineto trace (PyTorch profiler, an export) and show it like %%gpu
 %gpu bench copy|launch|pipeline   quick benchmarks on the current device"""
 CELL_USAGE = "%%gpu [-o NAME] [--no-show] [--device BACKEND[:N]]   trace the cell; show timeline, memory and summary"
 
@@ -59,9 +61,10 @@ class TraceRecord:
     trace: Trace
     name: str | None = None  # the ``-o`` name, if any
     error: str | None = None  # repr of the exception the cell raised, if any
+    source: str | None = None  # the file ``%gpu load`` read the trace from (its window is then the trace's own)
 
 
-#: Every trace captured by ``%%gpu`` in this kernel, oldest first (at most HISTORY_LIMIT).
+#: Every trace captured by ``%%gpu`` (or read by ``%gpu load``) in this kernel, oldest first (at most HISTORY_LIMIT).
 history: list[TraceRecord] = []
 
 
@@ -182,6 +185,7 @@ class GpuMagics(Magics):
             "mem": self._mem,
             "live": self._live,
             "export": self._export,
+            "load": self._load,
             "bench": self._bench,
         }
         if command in ("help", "-h", "--help"):
@@ -325,6 +329,8 @@ class GpuMagics(Magics):
         else:
             record = history[-1]
             trace, what = record.trace, f"the %%gpu cell [{record.execution_count}]"
+            if record.source:
+                what = f"the trace loaded from {record.source}"
         if trace is None:
             _error("%gpu export", "nothing to export yet: run a %%gpu cell (or start %gpu live) first")
             return
@@ -336,6 +342,52 @@ class GpuMagics(Magics):
             return
         events = len(doc["traceEvents"])
         print(f"wrote {what} ({len(trace)} spans, {events} events) to {path}; open it in https://ui.perfetto.dev")
+
+    def _load(self, args: list[str]) -> None:
+        """Read a trace file (``gw.load_trace``), keep it in :data:`history` (the panel lists it, as it lists
+        ``%%gpu`` cells) and show it as a ``%%gpu`` cell's trace is shown; ``-o NAME`` stores the Trace."""
+        usage = "usage: %gpu load PATH [-o NAME]"
+        name, paths, words = None, [], iter(args)
+        for word in words:
+            if word == "-o":
+                name = next(words, "")
+            elif word.startswith("-o"):
+                name = word[2:]
+            else:
+                paths.append(word)
+        if len(paths) != 1:
+            _error("%gpu load", f"give one trace file, e.g. %gpu load trace.json.gz\n{usage}")
+            return
+        if name is not None and not name.isidentifier():
+            _error("%gpu load", f"-o takes a Python name, not {name!r}\n{usage}")
+            return
+        from .trace.kineto import load_trace
+
+        path = os.path.abspath(os.path.expanduser(paths[0]))
+        try:
+            trace = load_trace(path)
+        except GpuError as exc:
+            _error("%gpu load", exc)
+            return
+        table = trace.table()
+        work = np.isin(table["kind"], [KIND_CODE[k] for k in ("h2d", "d2h", "d2d", "memset", "kernel")])
+        window = (int(table["start_ns"][work].min()), int(table["end_ns"][work].max())) if work.any() else (0, 0)
+        summary = trace.summary() if work.any() else None
+        record = TraceRecord(-1, time.time(), (window[1] - window[0]) / 1e9, window, None, None, None, trace, name)
+        record.source = path
+        if summary is not None:
+            record.overlap_pct, record.efficiency = summary.overlap_pct, summary.pipeline_efficiency
+            record.idle_pct = summary.idle_pct
+        history.append(record)
+        del history[:-HISTORY_LIMIT]
+        if name is not None:
+            self.shell.user_ns[name] = trace
+        devices = ", ".join(f"{c.key} {c.name}" for c in trace.devices.values()) or "no device"
+        print(f"loaded {path}: {len(trace)} spans on {devices}")
+        if summary is None:
+            print("%gpu load: the trace holds no device work (copies, kernels), so there is nothing to show")
+            return
+        self._show(trace, summary, None)
 
     # ------------------------------------------------------------------ %gpu bench
     def _bench(self, args: list[str]) -> None:
@@ -557,8 +609,9 @@ class GpuMagics(Magics):
         record.idle_pct = summary.idle_pct
         return summary
 
-    def _show(self, trace: Trace, summary: Any, window: tuple[int, int]) -> None:
-        """Timeline, memory and summary (``trace.show()``) in a notebook; the summary as text elsewhere."""
+    def _show(self, trace: Trace, summary: Any, window: tuple[int, int] | None) -> None:
+        """Timeline, memory and summary (``trace.show()``, over ``window``: None for the trace's own) in a notebook;
+        the summary as text elsewhere."""
         if summary is None:
             print("%%gpu: the cell ran no device work (copies, kernels), so there is nothing to show")
             return

@@ -3,13 +3,18 @@
 The layout follows what HolisticTraceAnalysis (HTA) parses: ``distributedInfo.rank`` before ``traceEvents``; one
 process per device (pid = device number) with one thread per stream; device work as ``X`` events of category
 ``kernel``, ``gpu_memcpy`` or ``gpu_memset`` whose ``args`` carry ``stream``, ``device``, ``correlation``, ``bytes``
-and ``memory bandwidth (GB/s)``; copies and memsets named as CUPTI names them ("Memcpy HtoD (Pinned -> Device)",
-"Memset (Device)"), which is how HTA tells memory kernels from compute kernels. Host-side work lives in a separate
-host process: each op's enqueue as a ``cuda_runtime`` event linked to its device span by ``correlation`` and an
-``ac2g`` flow arrow, and allocations and frees.
+and ``memory bandwidth (GB/s)`` (kernels: ``grid`` and ``block`` as [x, y, z]); copies and memsets named as CUPTI
+names them ("Memcpy HtoD (Pinned -> Device)", "Memset (Device)"), which is how HTA tells memory kernels from compute
+kernels. Host-side work lives in a separate host process: tid 1 is the workbench's own row (allocations, frees,
+markers, and each op's enqueue as a ``cuda_runtime`` event where no API call of the trace enqueued it), tid ``k`` >= 2
+host thread row ``-k`` (``thread_stream(k - 2)``): its ``api`` calls as ``cuda_runtime`` events and its ``range``
+regions as ``user_annotation`` events. An API call and the device span it enqueued share ``args.correlation`` (their
+``corr``) and an ``ac2g`` flow arrow; spans without a ``corr`` get correlation ids of their own, from
+``gpuworkbench.synthetic_correlation_from`` on. A ``range`` on a device stream is a ``gpu_user_annotation`` there.
 
-Kineto's stream numbers are positive and HTA treats stream ≤ 0 as host work in places, so our stream ``s`` is
-exported as tid and ``args.stream`` ``s + 1``; the row's name keeps our number ("stream 0 pipeline-h2d").
+Kineto's stream numbers are positive and HTA treats stream <= 0 as host work in places, so our stream ``s`` is
+exported as tid and ``args.stream`` ``s + 1``; the row's name keeps our number ("stream 0 pipeline-h2d"). The
+``gpuworkbench`` block (origin, stream offset, stream labels) lets ``load_trace`` read the file back exactly.
 """
 
 from __future__ import annotations
@@ -20,12 +25,18 @@ from typing import Any
 
 import numpy as np
 
-from .spans import KINDS
+from .spans import HOST_KINDS, KIND_CODE, KINDS, unpack_dim3
 
 #: Chrome-trace categories of device work, as Kineto names them.
 _CATEGORY = {"h2d": "gpu_memcpy", "d2h": "gpu_memcpy", "d2d": "gpu_memcpy", "memset": "gpu_memset", "kernel": "kernel"}
-#: Host-side kinds and their categories: allocations are runtime calls, markers are annotations.
-_HOST_CATEGORY = {"alloc": "cuda_runtime", "free": "cuda_runtime", "marker": "user_annotation"}
+#: Host-side kinds and their categories: allocations and API calls are runtime calls, markers and ranges annotations.
+_HOST_CATEGORY = {
+    "alloc": "cuda_runtime",
+    "free": "cuda_runtime",
+    "api": "cuda_runtime",
+    "marker": "user_annotation",
+    "range": "user_annotation",
+}
 _COPY_KIND = {"h2d": "HtoD", "d2h": "DtoH", "d2d": "DtoD"}
 _HOST_MEMORY = {1: "Pinned", 0: "Pageable"}  # CUPTI's memory kinds; "Host" where the backend cannot tell
 #: The host-side calls that enqueue each kind, as the CUDA runtime names them (used for cuda and rocm devices).
@@ -68,18 +79,50 @@ def _us(ns: int) -> float:
     return round(ns / 1000, 3)
 
 
+def _host_tid(stream: int) -> int:
+    """The host process's thread of a host row: 1 for the workbench's own row (-1), k for thread row -k."""
+    return -stream if stream < 0 else _HOST_TID
+
+
+def _host_thread_names(tids: set[int], labels: dict[tuple[int, int], str]) -> dict[int, str]:
+    """A name per host thread: the workbench's row, or the label a device gives that thread row."""
+    by_stream: dict[int, str] = {}
+    for (_, stream), label in sorted(labels.items()):
+        by_stream.setdefault(stream, label)
+    return {
+        tid: "host (enqueue, alloc/free)" if tid == _HOST_TID else by_stream.get(-tid, f"host thread {tid - 2}")
+        for tid in sorted(tids)
+    }
+
+
 def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = True) -> dict:
     """The trace as a Chrome-trace dict in the Kineto layout (times in µs from the first event).
 
     Written to ``path`` as JSON when given (gzip-compressed when it ends in ``.gz``, which HTA and Perfetto read).
-    ``runtime_events`` adds each op's enqueue on the host, linked to its span; leave it off to halve a huge file.
+    ``runtime_events`` adds the enqueue of each op no API call of the trace enqueued, linked to its span; leave it
+    off to halve a huge file (API calls the trace holds are spans and always written).
     """
     table = trace.table()
     clocks = trace.devices
     labels = trace.stream_labels
-    kind_col = [KINDS[int(k)] for k in table["kind"]]
+    n = len(table["kind"])
+    kind_codes = table["kind"].astype(np.int64)
+    kind_col = [KINDS[int(k)] for k in kind_codes]
     start_col, end_col = table["start_ns"].astype(np.int64), table["end_ns"].astype(np.int64)
     enqueue_col = table["enqueue_ns"].astype(np.int64)
+    stream_col, device_col = table["stream"].astype(np.int64), table["device"].astype(np.int64)
+    corr = table["corr"].astype(np.int64)
+    is_host = np.isin(kind_codes, [KIND_CODE[k] for k in HOST_KINDS])
+    on_device = (kind_codes == KIND_CODE["range"]) & (stream_col >= 0)  # a range on a device stream
+    host = is_host & ~on_device
+    device_work = ~is_host
+    api = kind_codes == KIND_CODE["api"]
+    # Device spans enqueued by an API call of the trace (same corr) link to it; the others get an enqueue event.
+    called = device_work & (corr >= 0) & np.isin(corr, corr[api & (corr >= 0)])
+    flows_from = set(corr[called].tolist())
+    synthetic = int(corr.max()) + 1 if (corr >= 0).any() else 1
+    correlation = np.where(corr >= 0, corr, synthetic + np.arange(n))
+    enqueues = device_work & ~called & (enqueue_col >= 0) if runtime_events else np.zeros(n, bool)
     times = [start_col] + ([enqueue_col[enqueue_col >= 0]] if runtime_events else [])
     origin = int(min(t.min() for t in times if t.size)) if start_col.size else 0
     backend = {dev: clock.key.partition(":")[0] for dev, clock in clocks.items()}
@@ -89,13 +132,15 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
     def meta(what: str, pid: int, tid: int, **args: Any) -> None:
         events.append({"ph": "M", "name": what, "pid": pid, "tid": tid, "args": args})
 
-    host_kinds = {"alloc", "free", "marker"}
-    has_host = any(k in host_kinds for k in kind_col) or (runtime_events and bool((enqueue_col >= 0).any()))
-    if has_host:
+    host_tids = {_host_tid(int(s)) for s in np.unique(stream_col[host]).tolist()}
+    if enqueues.any():
+        host_tids.add(_HOST_TID)
+    if host_tids:
         meta("process_name", HOST_PID, 0, name="host")
         meta("process_sort_index", HOST_PID, 0, sort_index=-1)
-        meta("thread_name", HOST_PID, _HOST_TID, name="host (enqueue, alloc/free)")
-        meta("thread_sort_index", HOST_PID, _HOST_TID, sort_index=0)
+        for tid, name in _host_thread_names(host_tids, labels).items():
+            meta("thread_name", HOST_PID, tid, name=name)
+            meta("thread_sort_index", HOST_PID, tid, sort_index=tid - 1)
     devices = sorted(set(clocks) | {int(d) for d in table["device"]})
     for dev in devices:
         clock = clocks.get(dev)
@@ -104,41 +149,51 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
         if clock is not None:
             alignment = f"timestamps: {clock.source}, alignment ±{clock.error_ns / 1000:.1f} us"
             meta("process_labels", dev, 0, labels=alignment)
-    device_rows = sorted(
-        {(int(d), int(s)) for d, s, k in zip(table["device"], table["stream"], kind_col) if k not in host_kinds}
-    )
+    device_rows = sorted(set(zip(device_col[~host].tolist(), stream_col[~host].tolist())))
     for dev, sid in device_rows:
         tid = sid + STREAM_OFFSET
         meta("thread_name", dev, tid, name=f"stream {sid} {labels.get((dev, sid), '')}".strip())
         meta("thread_sort_index", dev, tid, sort_index=tid)
 
-    for i in np.argsort(start_col, kind="stable"):
+    for i in np.argsort(start_col, kind="stable").tolist():
         kind = kind_col[i]
-        start, end = int(start_col[i]), int(end_col[i])
-        dev, sid, nbytes = int(table["device"][i]), int(table["stream"][i]), int(table["bytes"][i])
+        start, end, enqueue = int(start_col[i]), int(end_col[i]), int(enqueue_col[i])
+        dev, sid, nbytes = int(device_col[i]), int(stream_col[i]), int(table["bytes"][i])
         name = str(table["name"][i])
-        if kind in host_kinds:
-            args: dict[str, Any] = {"device": dev}
+        ts = _us(start - origin)
+        if is_host[i]:
+            args: dict[str, Any] = {"device": dev, "kind": kind}
+            shown = name or kind
+            if shown != name:
+                args["op"] = name
             if nbytes:
                 args["bytes"] = nbytes
-            events.append(
-                {
-                    "ph": "X",
-                    "cat": _HOST_CATEGORY[kind],
-                    "name": name or kind,
-                    "pid": HOST_PID,
-                    "tid": _HOST_TID,
-                    "ts": _us(start - origin),
-                    "dur": _us(end - start),
-                    "args": args,
-                }
-            )
+            if corr[i] >= 0:
+                args["correlation"] = int(corr[i])
+            if enqueue >= 0:
+                args["enqueued (us)"] = _us(enqueue - origin)
+            pid, tid = (dev, sid + STREAM_OFFSET) if on_device[i] else (HOST_PID, _host_tid(sid))
+            category = "gpu_user_annotation" if on_device[i] else _HOST_CATEGORY[kind]
+            span = {
+                "ph": "X",
+                "cat": category,
+                "name": shown,
+                "pid": pid,
+                "tid": tid,
+                "ts": ts,
+                "dur": _us(end - start),
+            }
+            events.append({**span, "args": args})
+            if kind == "api" and int(corr[i]) in flows_from:  # the arrow to the device work this call enqueued
+                events.append(
+                    {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": int(corr[i]), "pid": pid, "tid": tid, "ts": ts}
+                )
             continue
-        correlation = int(i) + 1
         pinned = int(table["pinned"][i])
         tid = sid + STREAM_OFFSET
-        args = {"device": dev, "stream": tid, "correlation": correlation}
-        if name and kind != "kernel":
+        shown = _device_name(kind, pinned, name)
+        args = {"device": dev, "stream": tid, "correlation": int(correlation[i])}
+        if name != shown:
             args["op"] = name
         if nbytes:
             args["bytes"] = nbytes
@@ -148,23 +203,28 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
                 args["pinned"] = bool(pinned)
         if kind in _COPY_KIND or kind == "memset":
             args["memory bandwidth (GB/s)"] = round(nbytes / (end - start), 3) if end > start else None
-        enqueue = int(enqueue_col[i])
+        if kind == "kernel":
+            for dim in ("grid", "block"):
+                xyz = unpack_dim3(table[dim][i])
+                if xyz is not None:
+                    args[dim] = list(xyz)
         if enqueue >= 0:
             args["enqueued (us)"] = _us(enqueue - origin)
         events.append(
             {
                 "ph": "X",
                 "cat": _CATEGORY[kind],
-                "name": _device_name(kind, pinned, name),
+                "name": shown,
                 "pid": dev,
                 "tid": tid,
-                "ts": _us(start - origin),
+                "ts": ts,
                 "dur": _us(end - start),
                 "args": args,
             }
         )
-        if runtime_events and enqueue >= 0:
-            ts = _us(enqueue - origin)
+        flow = {"cat": "ac2g", "name": "ac2g", "id": int(correlation[i])}
+        if enqueues[i]:
+            at = _us(enqueue - origin)
             events.append(
                 {
                     "ph": "X",
@@ -172,24 +232,29 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
                     "name": _runtime_name(kind, backend.get(dev, "")),
                     "pid": HOST_PID,
                     "tid": _HOST_TID,
-                    "ts": ts,
+                    "ts": at,
                     "dur": 0,
-                    "args": {"correlation": correlation, "device": dev, "op": name or kind},
+                    "args": {"correlation": int(correlation[i]), "device": dev, "op": name or kind, "kind": "enqueue"},
                 }
             )
-            flow = {"cat": "ac2g", "name": "ac2g", "id": correlation}
-            events.append({"ph": "s", **flow, "pid": HOST_PID, "tid": _HOST_TID, "ts": ts})
-            events.append({"ph": "f", "bp": "e", **flow, "pid": dev, "tid": tid, "ts": _us(start - origin)})
+            events.append({"ph": "s", **flow, "pid": HOST_PID, "tid": _HOST_TID, "ts": at})
+        if enqueues[i] or called[i]:
+            events.append({"ph": "f", "bp": "e", **flow, "pid": dev, "tid": tid, "ts": ts})
 
     doc = {
         "schemaVersion": 1,
         # HTA finds a file's rank with the regex '"rank":\s+(\d+)', so this must come before the events.
         "distributedInfo": {"backend": "none", "rank": 0, "world_size": 1},
-        "deviceProperties": [{"id": d, "name": c.name, "timestamps": c.source} for d, c in sorted(clocks.items())],
+        "deviceProperties": [
+            {"id": d, "name": c.name, "key": c.key, "timestamps": c.source, "alignment_error_ns": c.error_ns}
+            for d, c in sorted(clocks.items())
+        ],
         "displayTimeUnit": "ns",
         "gpuworkbench": {
             "origin_host_ns": origin,
             "stream_offset": STREAM_OFFSET,
+            "synthetic_correlation_from": synthetic,
+            "stream_labels": [[d, s, label] for (d, s), label in sorted(labels.items())],
             "dropped": trace.stats.dropped,
             "lost": trace.stats.lost,
         },

@@ -1,0 +1,442 @@
+"""Tests of trace/kineto.py (``gw.load_trace``): PyTorch profiler (Kineto) files, our own exports read back exactly,
+HolisticTraceAnalysis agreeing with our idle %, errors naming the file, and ``%gpu load``."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+import gpuworkbench as gw
+from gpuworkbench import magics
+from gpuworkbench.trace.recorder import Trace
+from gpuworkbench.trace.spans import COLUMNS, KIND_CODE, pack_dim3, thread_stream
+
+BASE_NS = 1_700_000_000_000_000_000  # Kineto's baseTimeNanoseconds: ts are µs after it
+PID, MAIN, BACKWARD = 4242, 4242, 4250  # the host process and its two threads
+LAUNCH = {"kernel": "cudaLaunchKernel", "h2d": "cudaMemcpyAsync", "d2h": "cudaMemcpyAsync", "memset": "cudaMemsetAsync"}
+
+#: What the PyTorch-layout file below holds on the device: (kind, stream, start µs, duration µs, name, bytes, thread).
+#: Two kernel streams (7 and 13), a pinned and a pageable H2D copy, a pinned D2H copy, a memset; gaps between them.
+DEVICE_WORK = [
+    ("h2d", 7, 100.0, 40.0, "Memcpy HtoD (Pinned -> Device)", 4 << 20, MAIN),
+    ("kernel", 7, 150.5, 30.25, "void at::native::vectorized_elementwise_kernel<4, float>", 0, MAIN),
+    ("kernel", 13, 160.0, 50.0, "ampere_sgemm_128x64_nn", 0, BACKWARD),
+    ("h2d", 13, 230.0, 80.0, "Memcpy HtoD (Pageable -> Device)", 8 << 20, MAIN),
+    ("memset", 7, 240.0, 2.5, "Memset (Device)", 1 << 20, MAIN),
+    ("kernel", 7, 320.125, 20.0, "void at::native::reduce_kernel<512, 1>", 0, MAIN),
+    ("d2h", 7, 400.0, 30.0, "Memcpy DtoH (Device -> Pinned)", 4 << 20, MAIN),
+]
+
+
+def kineto_doc() -> dict:
+    """A trace in the layout PyTorch's profiler writes (see libkineto's output_json.cpp): metadata events, cpu_op
+    ranges holding cuda_runtime launches, device work with args.device / args.stream / args.correlation, ac2g flows
+    from each launch to its work, a synchronize call with no device work, python_function events, deviceProperties."""
+    events: list[dict] = [
+        {"name": "process_name", "ph": "M", "ts": 0.0, "pid": PID, "tid": 0, "args": {"name": "python3"}},
+        {"name": "thread_name", "ph": "M", "ts": 0.0, "pid": PID, "tid": MAIN,
+         "args": {"name": "thread 4242 (python3)"}},
+        {"name": "process_name", "ph": "M", "ts": 0.0, "pid": 0, "tid": 0, "args": {"name": "GPU 0"}},
+        {"name": "process_labels", "ph": "M", "ts": 0.0, "pid": 0, "tid": 0, "args": {"labels": "NVIDIA H100"}},
+        {"name": "thread_name", "ph": "M", "ts": 0.0, "pid": 0, "tid": 7, "args": {"name": "stream 7"}},
+        {"name": "thread_name", "ph": "M", "ts": 0.0, "pid": 0, "tid": 13, "args": {"name": "stream 13"}},
+        {"ph": "X", "cat": "python_function", "name": "train.py(12): step", "pid": PID, "tid": MAIN, "ts": 10.0,
+         "dur": 500.0, "args": {"Python id": 1}},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": PID, "tid": MAIN, "ts": 20.0,
+         "dur": 480.0, "args": {"External id": 1}},
+    ]  # fmt: skip
+    for i, (kind, stream, ts, dur, name, nbytes, thread) in enumerate(DEVICE_WORK):
+        correlation, external = 100 + i, 10 + i
+        launch_ts = 30.0 + 9 * i + (5 if thread == BACKWARD else 0)
+        events.append(
+            {"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": PID, "tid": thread, "ts": launch_ts - 2.0,
+             "dur": 7.0, "args": {"External id": external, "Record function id": 0, "Ev Idx": i}}
+        )  # fmt: skip
+        events.append(
+            {"ph": "X", "cat": "cuda_runtime", "name": LAUNCH[kind], "pid": PID, "tid": thread, "ts": launch_ts,
+             "dur": 3.5, "args": {"External id": external, "cbid": 211, "correlation": correlation}}
+        )  # fmt: skip
+        args = {"External id": external, "device": 0, "context": 1, "stream": stream, "correlation": correlation}
+        if kind == "kernel":
+            category = "kernel"
+            args |= {"queued": 0, "registers per thread": 32, "grid": [64 + i, 2, 1], "block": [256, 1, 1]}
+        else:
+            category = "gpu_memset" if kind == "memset" else "gpu_memcpy"
+            args |= {"bytes": nbytes, "memory bandwidth (GB/s)": round(nbytes / (dur * 1000), 3)}
+        events.append(
+            {"ph": "X", "cat": category, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur, "args": args}
+        )
+        events.append({"ph": "s", "id": correlation, "pid": PID, "tid": thread, "ts": launch_ts, "cat": "ac2g",
+                       "name": "ac2g"})  # fmt: skip
+        events.append({"ph": "f", "id": correlation, "pid": 0, "tid": stream, "ts": ts, "cat": "ac2g", "name": "ac2g",
+                       "bp": "e"})  # fmt: skip
+    events.append(
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "pid": PID, "tid": MAIN, "ts": 450.0,
+         "dur": 40.0, "args": {"cbid": 165, "correlation": 200}}
+    )  # fmt: skip
+    events.append({"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "", "ts": 600.0})
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [
+            {"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_029_158_912, "computeMajor": 9,
+             "computeMinor": 0, "numSms": 132, "warpSize": 32},
+            {"id": 1, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_029_158_912, "computeMajor": 9,
+             "computeMinor": 0, "numSms": 132, "warpSize": 32},
+        ],
+        "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1},
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": BASE_NS,
+        "traceEvents": events,
+        "traceName": "rank-0.json",
+    }  # fmt: skip
+
+
+def write(doc: dict, path, compress: bool = False) -> str:
+    opener = gzip.open if compress else open
+    with opener(path, "wt") as f:
+        json.dump(doc, f)
+    return str(path)
+
+
+def ns(us: float) -> int:
+    return BASE_NS + round(us * 1000)
+
+
+def rows(trace: Trace, kind: str) -> dict[str, np.ndarray]:
+    table = trace.table()
+    mine = table["kind"] == KIND_CODE[kind]
+    return {column: values[mine] for column, values in table.items()}
+
+
+def canonical(table: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The table's rows in one order that does not depend on the order they were appended in."""
+    order = np.lexsort(
+        (table["name"].astype(str), table["corr"], table["end_ns"], table["start_ns"], table["stream"],
+         table["device"], table["kind"])
+    )  # fmt: skip
+    return {column: values[order] for column, values in table.items()}
+
+
+def assert_same_tables(a: Trace, b: Trace) -> None:
+    first, second = canonical(a.table()), canonical(b.table())
+    assert set(first) == set(second) == set(COLUMNS)
+    for column in COLUMNS:
+        np.testing.assert_array_equal(first[column], second[column], err_msg=f"column {column!r}")
+
+
+# ---------------------------------------------------------------------------------------------- PyTorch files
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["json", "json.gz"])
+def test_a_pytorch_trace_loads_with_kinds_streams_pinned_flags_and_links(tmp_path, compress):
+    path = write(kineto_doc(), tmp_path / ("trace.json.gz" if compress else "trace.json"), compress)
+    t = gw.load_trace(path)
+    assert isinstance(t, Trace) and not t.recording
+    table = t.table()
+    counts = {k: int((table["kind"] == KIND_CODE[k]).sum()) for k in ("kernel", "h2d", "d2h", "memset", "api", "range")}
+    # 7 launches + a synchronize; 7 cpu_ops + the ProfilerStep annotation; python_function skipped
+    assert counts == {"kernel": 3, "h2d": 2, "d2h": 1, "memset": 1, "api": 8, "range": 8}
+    assert len(t) == len(DEVICE_WORK) + 16
+
+    work = [canonical_row for canonical_row in zip(*(table[c] for c in ("kind", "stream", "start_ns", "name")))]
+    device = sorted((int(s), int(start), str(n)) for k, s, start, n in work if k < KIND_CODE["alloc"])
+    assert device == sorted((s, ns(ts), name) for _, s, ts, _, name, _, _ in DEVICE_WORK)
+    kernels = rows(t, "kernel")
+    assert sorted(set(kernels["stream"].tolist())) == [7, 13]
+    np.testing.assert_array_equal(kernels["end_ns"] - kernels["start_ns"], [30_250, 50_000, 20_000])
+    assert kernels["grid"].tolist() == [pack_dim3(65, 2, 1), pack_dim3(66, 2, 1), pack_dim3(69, 2, 1)]
+    assert set(kernels["block"].tolist()) == {pack_dim3(256)}
+    assert (kernels["pinned"] == -1).all()
+
+    h2d = rows(t, "h2d")
+    assert h2d["pinned"].tolist() == [1, 0] and h2d["bytes"].tolist() == [4 << 20, 8 << 20]
+    assert rows(t, "d2h")["pinned"].tolist() == [1]
+    assert rows(t, "memset")["bytes"].tolist() == [1 << 20]
+
+    # every device span links to its launch by corr; the launch's start is the span's enqueue time
+    api = rows(t, "api")
+    launch_of = {int(c): (int(s), int(d), int(st)) for c, s, d, st in zip(api["corr"], api["start_ns"], api["device"],
+                                                                          api["stream"])}  # fmt: skip
+    device_rows = table["kind"] < KIND_CODE["alloc"]
+    for corr, enqueue in zip(table["corr"][device_rows], table["enqueue_ns"][device_rows]):
+        assert corr in launch_of and launch_of[int(corr)][0] == enqueue
+    assert launch_of[200][1] == 0  # the synchronize links to nothing and sits on the first device
+    assert set(api["name"]) == {"cudaLaunchKernel", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaDeviceSynchronize"}
+
+    # one host row per thread, in order of first event, labelled with thread_name where the file has one
+    main, backward = thread_stream(0), thread_stream(1)
+    assert set(api["stream"].tolist()) == {main, backward}
+    backward_calls = api["stream"] == backward
+    assert backward_calls.sum() == 1 and launch_of[102][2] == backward
+    ranges = rows(t, "range")
+    assert set(ranges["stream"].tolist()) == {main, backward} and "ProfilerStep#3" in set(ranges["name"])
+    labels = t.stream_labels
+    assert labels[(0, main)] == "thread 4242 (python3)" and labels[(0, backward)] == "host thread 4250"
+    assert labels[(0, 7)] == "stream 7" and labels[(0, 13)] == "stream 13"
+
+    # the device named from deviceProperties; only the device the trace used is listed
+    assert list(t.devices) == [0]
+    clock = t.devices[0]
+    assert (clock.key, clock.name, clock.source) == ("cuda:0", "NVIDIA H100 80GB HBM3", "kineto")
+
+    summary = t.summary()
+    assert summary.op_counts["kernel"] == 3 and summary.window_ns == 330_000  # 100 µs .. 430 µs
+    assert "pageable-memory" in {a.code for a in summary.advice}
+
+
+def test_gzip_is_found_by_its_magic_bytes_not_its_name(tmp_path):
+    path = write(kineto_doc(), tmp_path / "trace.json", compress=True)
+    assert len(gw.load_trace(path)) == len(DEVICE_WORK) + 16
+
+
+def test_rocm_traces_read_hip_calls_and_copies_without_pinned_flags(tmp_path):
+    """ROCm's Kineto names copies "Memcpy HtoD (Host -> Device)" (no pinned flag) and calls hipLaunchKernel."""
+    doc = kineto_doc()
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "cuda_runtime":
+            e["name"] = e["name"].replace("cuda", "hip")
+            e["args"]["stream"] = "0x7f3a2c000b00"  # roctracer writes the stream as a pointer string
+        if e.get("cat") == "gpu_memcpy":
+            e["name"] = e["name"].replace("Pinned", "Host").replace("Pageable", "Host")
+    doc["deviceProperties"] = [{"id": 0, "name": "AMD Instinct MI300X", "gcnArchName": "gfx942"}]
+    t = gw.load_trace(write(doc, tmp_path / "rocm.json"))
+    assert t.devices[0].key == "rocm:0"
+    assert rows(t, "h2d")["pinned"].tolist() == [-1, -1]
+    assert (rows(t, "kernel")["enqueue_ns"] > 0).all()
+
+
+def test_device_work_without_args_correlation_is_linked_by_its_ac2g_flow(tmp_path):
+    doc = kineto_doc()
+    for e in doc["traceEvents"]:
+        if e.get("cat") in ("kernel", "cuda_runtime"):
+            e["args"].pop("correlation", None)
+    t = gw.load_trace(write(doc, tmp_path / "flows.json"))
+    kernels = rows(t, "kernel")
+    assert kernels["corr"].tolist() == [101, 102, 105]
+    assert set(kernels["corr"].tolist()) <= set(rows(t, "api")["corr"].tolist())
+    assert (kernels["enqueue_ns"] > 0).all()
+
+
+@pytest.mark.filterwarnings("ignore:The inplace keyword")  # HTA 0.5 on pandas 3
+def test_idle_pct_agrees_with_holistic_trace_analysis(tmp_path):
+    """HTA's temporal breakdown (idle = first-to-last device event minus their union, over the rank) against our
+    ``idle_pct`` (W = first to last op, one device) on the same PyTorch-layout file, within 1 point."""
+    pytest.importorskip("hta")
+    from hta.trace_analysis import TraceAnalysis
+
+    (tmp_path / "traces").mkdir()
+    path = write(kineto_doc(), tmp_path / "traces" / "rank-0.json.gz", compress=True)
+    breakdown = TraceAnalysis(trace_dir=str(tmp_path / "traces")).get_temporal_breakdown(visualize=False)
+    ours = gw.load_trace(path).summary()
+    hta_idle = float(breakdown.iloc[0]["idle_time_pctg"])
+    assert ours.idle_pct == pytest.approx(hta_idle, abs=1.0)
+    assert 10 < ours.idle_pct < 60  # the file has real gaps: the agreement is not two zeros
+
+
+# ---------------------------------------------------------------------------------------------- our own exports
+
+
+def test_an_exported_cpu_trace_round_trips_exactly(tmp_path):
+    dev = gw.Device(backend="cpu")
+    upload, compute = dev.create_stream("upload"), dev.create_stream("compute")
+    n = 1 << 14
+    host, page = dev.empty_pinned(n, "float32"), np.ones(n, np.float32)
+    host[:] = 1
+    scale = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")
+    with gw.trace() as t:
+        x, y = dev.alloc(n), dev.alloc(n)
+        compute.wait_event(x.copy_from_host_async(host, upload))
+        scale(x, y, stream=compute)
+        y.copy_to_host_async(page, compute).wait()
+        x.fill_bytes(0, upload).wait()
+        x.free()
+        y.free()
+    for name in ("cpu.json", "cpu.json.gz"):
+        loaded = gw.load_trace(t.to_chrome_trace(str(tmp_path / name)) and str(tmp_path / name))
+        assert_same_tables(t, loaded)
+        assert loaded.stream_labels == t.stream_labels
+        assert {d: (c.key, c.name) for d, c in loaded.devices.items()} == {
+            d: (c.key, c.name) for d, c in t.devices.items()
+        }
+        assert loaded.devices[0].source == "gpuworkbench export"
+        assert loaded.summary().to_dict() == t.summary().to_dict()
+
+
+def test_a_from_records_trace_with_host_rows_grid_and_block_round_trips_exactly(tmp_path):
+    us = 1000
+    records = [
+        {"kind": "alloc", "stream": -1, "start_ns": 10 * us, "end_ns": 12 * us, "bytes": 1 << 20, "name": "alloc"},
+        {"kind": "range", "stream": "step", "start_ns": 15 * us, "end_ns": 400 * us, "name": "train step"},
+        {"kind": "api", "stream": thread_stream(0), "start_ns": 20 * us, "end_ns": 24 * us, "name": "cudaLaunchKernel",
+         "corr": 7, "enqueue_ns": 20 * us},
+        {"kind": "kernel", "stream": 3, "start_ns": 100 * us, "end_ns": 150 * us + 1, "name": "gemm", "corr": 7,
+         "enqueue_ns": 20 * us, "grid": (132, 4, 1), "block": (128, 2, 1)},
+        {"kind": "api", "stream": thread_stream(1), "start_ns": 30 * us, "end_ns": 31 * us, "name": "cudaMemcpyAsync",
+         "corr": 9},
+        {"kind": "h2d", "stream": 4, "start_ns": 120 * us + 7, "end_ns": 180 * us, "bytes": 4096, "pinned": True,
+         "corr": 9, "enqueue_ns": 30 * us},
+        {"kind": "d2h", "stream": 4, "start_ns": 200 * us, "end_ns": 230 * us, "bytes": 4096, "pinned": False,
+         "enqueue_ns": 190 * us, "name": "read back"},
+        {"kind": "api", "stream": thread_stream(0), "start_ns": 240 * us, "end_ns": 260 * us,
+         "name": "cudaDeviceSynchronize", "corr": 12},
+        {"kind": "kernel", "stream": 3, "start_ns": 300 * us, "end_ns": 310 * us, "name": ""},
+        {"kind": "memset", "stream": 3, "start_ns": 320 * us, "end_ns": 321 * us, "bytes": 64, "device": 1},
+        {"kind": "range", "stream": 3, "start_ns": 99 * us, "end_ns": 311 * us, "name": "gpu region"},
+        {"kind": "marker", "stream": -1, "start_ns": 330 * us, "end_ns": 330 * us, "name": "done"},
+    ]  # fmt: skip
+    t = Trace.from_records(records, device_names={0: "first", 1: "second"})
+    t.label_stream(0, thread_stream(0), "host main")
+    t.label_stream(0, thread_stream(1), "host loader")
+    t.label_stream(0, 3, "compute")
+    for name in ("records.json", "records.json.gz"):
+        t.to_chrome_trace(str(tmp_path / name))
+        loaded = gw.load_trace(tmp_path / name)
+        assert_same_tables(t, loaded)
+        assert loaded.stream_labels == t.stream_labels
+        assert {d: c.name for d, c in loaded.devices.items()} == {0: "first", 1: "second"}
+    assert {s.kind for s in loaded.spans} >= {"api", "range", "kernel", "alloc", "marker"}
+    gemm = next(s for s in loaded.spans if s.name == "gemm")
+    assert (gemm.grid, gemm.block, gemm.corr) == ((132, 4, 1), (128, 2, 1), 7)
+
+
+def test_export_writes_api_calls_on_their_threads_with_flows_and_correlations(tmp_path):
+    us = 1000
+    records = [
+        {"kind": "api", "stream": thread_stream(1), "start_ns": 20 * us, "end_ns": 24 * us, "name": "cuLaunchKernel",
+         "corr": 41},
+        {"kind": "kernel", "stream": 2, "start_ns": 30 * us, "end_ns": 50 * us, "name": "k", "corr": 41,
+         "enqueue_ns": 20 * us, "grid": (8, 1, 1), "block": (64, 1, 1)},
+        {"kind": "kernel", "stream": 2, "start_ns": 60 * us, "end_ns": 70 * us, "name": "k2", "enqueue_ns": 55 * us},
+        {"kind": "range", "stream": thread_stream(0), "start_ns": 10 * us, "end_ns": 80 * us, "name": "forward"},
+    ]  # fmt: skip
+    t = Trace.from_records(records)
+    t.label_stream(0, thread_stream(1), "host launcher")
+    doc = t.to_chrome_trace()
+    x = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    call = next(e for e in x if e["cat"] == "cuda_runtime" and e["name"] == "cuLaunchKernel")
+    kernel = next(e for e in x if e["cat"] == "kernel" and e["name"] == "k")
+    other = next(e for e in x if e["cat"] == "kernel" and e["name"] == "k2")
+    annotation = next(e for e in x if e["cat"] == "user_annotation")
+    assert call["args"]["correlation"] == kernel["args"]["correlation"] == 41
+    assert other["args"]["correlation"] >= doc["gpuworkbench"]["synthetic_correlation_from"] > 41
+    assert kernel["args"]["grid"] == [8, 1, 1] and kernel["args"]["block"] == [64, 1, 1]
+    assert "grid" not in other["args"]
+    assert (call["tid"], annotation["tid"]) == (3, 2) and call["pid"] == annotation["pid"]
+    threads = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"
+               and e["pid"] == call["pid"]}  # fmt: skip
+    assert threads[3] == "host launcher" and threads[2] == "host thread 0"
+    flows = {(e["ph"], e["id"]): e for e in doc["traceEvents"] if e["ph"] in "sf"}
+    assert (flows[("s", 41)]["tid"], flows[("s", 41)]["ts"]) == (call["tid"], call["ts"])
+    assert (flows[("f", 41)]["pid"], flows[("f", 41)]["ts"]) == (kernel["pid"], kernel["ts"])
+    # k2 has no API call in the trace: its enqueue is the workbench's own runtime event, as before
+    enqueue = [
+        e for e in x if e["cat"] == "cuda_runtime" and e["args"].get("correlation") == other["args"]["correlation"]
+    ]
+    assert len(enqueue) == 1 and enqueue[0]["tid"] == 1
+
+
+def test_from_records_names_streams_by_string():
+    t = Trace.from_records(
+        [
+            {"kind": "h2d", "stream": "upload", "start_ns": 0, "end_ns": 10},
+            {"kind": "kernel", "stream": "compute", "start_ns": 5, "end_ns": 20},
+            {"kind": "kernel", "stream": "compute", "start_ns": 20, "end_ns": 30},
+            {"kind": "kernel", "stream": "compute", "device": 1, "start_ns": 0, "end_ns": 30},
+            {"kind": "d2h", "stream": 9, "start_ns": 30, "end_ns": 40},
+        ]
+    )
+    assert [s.stream for s in sorted(t.spans, key=lambda s: (s.device, s.start_ns))] == [0, 1, 1, 9, 0]
+    assert t.stream_labels == {(0, 0): "upload", (0, 1): "compute", (1, 0): "compute"}
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"this is not json", "not JSON"),
+        (b'{"traceEvents": [{"ph": "X", "ts": 1.0, "dur"', "truncated JSON"),
+        (gzip.compress(json.dumps(kineto_doc()).encode())[:200], "truncated gzip"),
+        (b'{"schemaVersion": 1}', "no traceEvents list"),
+        (b'{"traceEvents": {"ph": "X"}}', "no traceEvents list"),
+        (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "dur": 1}]}', "has no ts"),
+        (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "soon", "dur": 1}]}', "not a number"),
+        (b'{"traceEvents": [3]}', "is not an object"),
+    ],
+    ids=["not-json", "truncated-json", "truncated-gzip", "no-events", "events-not-a-list", "no-ts", "bad-ts", "int"],
+)
+def test_malformed_files_raise_invalid_argument_naming_the_file(tmp_path, content, message):
+    path = tmp_path / "broken.json"
+    path.write_bytes(content)
+    with pytest.raises(gw.InvalidArgument) as caught:
+        gw.load_trace(path)
+    assert str(path) in str(caught.value) and message in str(caught.value)
+    assert isinstance(caught.value, gw.GpuError)
+
+
+def test_a_missing_file_raises_invalid_argument_naming_it(tmp_path):
+    path = tmp_path / "nowhere" / "trace.json"
+    with pytest.raises(gw.InvalidArgument, match="no such file") as caught:
+        gw.load_trace(path)
+    assert str(path) in str(caught.value)
+
+
+# ---------------------------------------------------------------------------------------------- %gpu load
+
+
+@pytest.fixture
+def shell(monkeypatch):
+    pytest.importorskip("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.delenv("GPUWB_DEVICE", raising=False)
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "gpuworkbench")
+    yield ip
+    magics.history.clear()
+
+
+def test_gpu_load_shows_stores_and_records_the_trace(shell, capsys, tmp_path):
+    path = write(kineto_doc(), tmp_path / "rank-0.json.gz", compress=True)
+    shell.run_line_magic("gpu", f"load {path} -o pt")
+    out = capsys.readouterr().out
+    assert f"loaded {path}" in out and "NVIDIA H100" in out
+    assert "idle %" in out and "(from ops)" in out  # the summary, as %%gpu shows it outside a notebook
+    trace = shell.user_ns["pt"]
+    assert isinstance(trace, Trace) and len(trace) == len(DEVICE_WORK) + 16
+    record = magics.history[-1]
+    assert record.trace is trace and record.name == "pt" and record.source == path
+    assert record.idle_pct == pytest.approx(trace.summary().idle_pct)
+    assert record.window_ns == (ns(100.0), ns(430.0))
+
+    from gpuworkbench import comm
+
+    entry = comm.trace_entry(record)
+    assert entry["id"] == trace.id and entry["spans"] == len(trace) and entry["name"] == "pt"
+    shell.run_line_magic("gpu", f"load {path}")
+    assert comm.trace_entry(magics.history[-1])["name"] == "rank-0.json.gz"  # the panel names it by its file
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [("load", "give one trace file"), ("load a.json b.json", "give one trace file"), ("load a.json -o 1x", "-o takes")],
+)
+def test_gpu_load_bad_arguments_print_usage(shell, capsys, line, message):
+    shell.run_line_magic("gpu", line)
+    err = capsys.readouterr().err
+    assert message in err and "usage: %gpu load" in err
+    assert not magics.history
+
+
+def test_gpu_load_of_a_broken_file_prints_one_line(shell, capsys, tmp_path):
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(gzip.compress(b'{"traceEvents": []}')[:10])
+    shell.run_line_magic("gpu", f"load {path}")
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    assert str(path) in captured.err and "truncated gzip" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1 and not magics.history
