@@ -160,7 +160,7 @@ def proof() -> None:
             for who, spans in (("ours", ours), ("torch", theirs))
         }
         overlap = {
-            who: summarize(gw.Trace.from_records(spans).table()).overlap_pct
+            who: summarize(gw.Trace.from_records(spans).table()).overlap_pct if spans else None
             for who, spans in (("ours", ours), ("torch", theirs))
         }
         rounds.append(
@@ -177,6 +177,8 @@ def proof() -> None:
                 "names_sample": sorted({s["name"] for s in ours if s["kind"] == "kernel"})[:6],
                 "api_spans": int((table["kind"] == KINDS.index("api")).sum()),
                 "linked": int(((table["corr"] >= 0) & (table["kind"] == KINDS.index("kernel"))).sum()),
+                "spans": {"ours": len(ours), "torch": len(theirs), "trace": len(table["kind"])},
+                "source": t.devices[0].source if t.devices else None,
                 "warnings": t.stats.warnings,
                 "lost": t.stats.lost,
             }

@@ -15,7 +15,6 @@ from . import _dispatch, backends
 from .backends.base import BackendDevice, Caps, DeviceInfo
 from .errors import BackendUnavailable, InvalidArgument
 from .streams import Stream, StreamAssignment, StreamPool, StreamSet
-from .trace import cupti
 
 if TYPE_CHECKING:
     from .buffer import Buffer
@@ -107,8 +106,6 @@ class Device:
         self._buffers: weakref.WeakSet = weakref.WeakSet()
         self._next_stream_id = 0
         self.default_stream = self.create_stream("default")
-        if backend_name == "cuda":
-            cupti.prepare(background=True)  # ready CUPTI (import, attach) before the first trace needs it
 
     @classmethod
     def with_backend(cls, index: int, kind: BackendKind | str) -> Device:

@@ -281,21 +281,36 @@ class _RawCupti:
         self.last_walk_status = 0
         self.filter_failures = 0
 
-    def filter_api(self, switches: list[tuple[int, int, bool]], on: bool) -> bool:
-        """Set CUPTI's per-call API record switches (``switches``: domain, cbid, kept); False where it has none."""
+    def filter_api(self, switches: list[tuple[int, int, bool]], on: bool) -> str:
+        """Set CUPTI's per-call API record switches (``switches``: domain, cbid, kept); '' or why it failed."""
         try:
             calls = (self.lib.cuptiActivityEnableDriverApi, self.lib.cuptiActivityEnableRuntimeApi)
-        except AttributeError:
-            return False
+        except AttributeError as exc:
+            return f"this libcupti has no per-call API switches ({exc})"
         for fn in calls:
             fn.argtypes = [ctypes.c_uint32, ctypes.c_uint8]
             fn.restype = ctypes.c_int
-        failed = 0
-        for domain, cbid, keep in switches:
-            if calls[domain](cbid, 1 if keep or not on else 0):
-                failed += 1  # a call id this CUPTI does not know (the enum may be newer): it records nothing anyway
-        self.filter_failures = failed
-        return failed < len(switches)
+        failed = [
+            (domain, cbid, status)
+            for domain, cbid, keep in switches
+            if (status := calls[domain](cbid, 1 if keep or not on else 0))
+        ]
+        self.filter_failures = len(failed)
+        if failed and on:
+            domain, cbid, status = failed[0]
+            return (
+                f"{len(failed)} of {len(switches)} API switches failed (first: domain {domain} cbid {cbid}: {status})"
+            )
+        return ""
+
+    def hand_back(self) -> bool:
+        """Give CUPTI's buffer callbacks back to PyTorch's profiler (Kineto) where it is loaded: Kineto may register
+        its callbacks only once per process, so after a trace of ours its next session would otherwise send its
+        records to us (measured: torch.profiler then saw 0 kernels). True when handed back."""
+        callbacks = _kineto_callbacks()
+        if callbacks is None:
+            return False
+        return not self.lib.cuptiActivityRegisterCallbacks(*callbacks)
 
     def register(self) -> None:
         """Make CUPTI hand its activity buffers to us (replaces any callbacks registered before)."""
@@ -439,6 +454,34 @@ class _RawCupti:
                 self.size_mismatch[kind] = (learned * 4, expected)
 
 
+#: Kineto's buffer callbacks (exported C++ symbols of libtorch), to hand CUPTI back to PyTorch's profiler.
+_KINETO_SYMBOLS = (
+    "_ZN9libkineto16CuptiActivityApi25bufferRequestedTrampolineEPPhPmS3_",
+    "_ZN9libkineto16CuptiActivityApi25bufferCompletedTrampolineEP8CUctx_stjPhmm",
+)
+_KINETO: Any = None
+
+
+def _kineto_callbacks() -> tuple[Any, Any] | None:
+    """PyTorch's profiler's CUPTI buffer callbacks where torch is loaded (None: not loaded, or not found)."""
+    global _KINETO
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if _KINETO is None:
+        _KINETO = False
+        folder = os.path.join(os.path.dirname(getattr(torch, "__file__", "") or ""), "lib")
+        for name in ("libtorch_cpu.so", "libkineto.so", "libtorch_cuda.so"):
+            try:
+                lib = ctypes.CDLL(os.path.join(folder, name))  # loaded already: the same instance
+                request, complete = (ctypes.cast(getattr(lib, s), ctypes.c_void_p).value for s in _KINETO_SYMBOLS)
+            except (OSError, AttributeError):
+                continue
+            _KINETO = (ctypes.cast(request, _REQUEST_FN), ctypes.cast(complete, _COMPLETE_FN))
+            break
+    return _KINETO or None
+
+
 def _raw_cupti(cupti: Any) -> _RawCupti:
     """The process's :class:`_RawCupti`, created on first use."""
     global _RAW
@@ -505,6 +548,7 @@ class CuptiSource:
         self._k_memory = self._k_marker = -1
         self._api_names: dict[int, dict[int, str]] = {0: {}, 1: {}}
         self._tables_ready = False
+        self._names: dict[int, str] = {0: ""}  # kernel name pointer -> name
         self._switches: list[tuple[int, int, bool]] | None = None
         self._frozen = False
         #: Why API records cannot be limited to launches here ('' where they can, or before the first try).
@@ -605,6 +649,7 @@ class CuptiSource:
         self._disable_all()
         if raw is not None:
             raw.flush_all(1)
+            raw.hand_back()
         with _STATE_LOCK:
             if _ACTIVE is self:
                 _ACTIVE = None  # CUPTI has no "unregister": our callbacks now drop what comes
@@ -708,7 +753,9 @@ class CuptiSource:
         """``flush_columns()`` as one dict per record (kind, start_ns, end_ns, external_id, bytes, name, pinned,
         cupti_stream, device): for diagnostics; the trace uses the columns."""
         cols = self.flush_columns(eager=True)
-        return [] if cols is None else _span_dicts(cols)
+        if cols is None:
+            return []
+        return _span_dicts(cols | {"name": self.names_of(cols["name"])})
 
     def clock_sample(self, host: Callable[[], int] = time.perf_counter_ns) -> tuple[int, int, int]:
         """(cupti_ns, host_ns, error_ns): a CUPTI timestamp bracketed by two reads of ``host`` (best of 3)."""
@@ -791,28 +838,19 @@ class CuptiSource:
     def _filter_api(self, on: bool) -> bool:
         """Record only the device-work API calls (``on``) or every call again; False if this CUPTI cannot.
 
-        Through libcupti directly where it has the per-call switches (about 1 100 calls: ~0.3 ms, against ~2 ms
-        through cupti-python), so that starting a trace stays cheap."""
-        if self.filter_error:  # this CUPTI has no per-call switches: do not pay for finding out again
+        All or nothing, through libcupti's per-call switches (about 1 100 calls: ~0.3 ms): where one switch fails,
+        every switch is turned back on and filtering is not tried again (a half-set filter must not outlive a trace)."""
+        if self.filter_error:
             return False
         raw = self._raw
-        if raw is not None and raw.filter_api(self._api_switches(), on):
-            return True
-        cupti = self._cupti
-        try:
-            for domain, enum_cls, set_api in (
-                ("driver", cupti.driver_api_trace_cbid, cupti.activity_enable_driver_api),
-                ("runtime", cupti.runtime_api_trace_cbid, cupti.activity_enable_runtime_api),
-            ):
-                prefixes = _API_PREFIXES[domain]
-                for member in enum_cls:
-                    name = member.name
-                    if name in ("INVALID", "SIZE", "FORCE_INT"):
-                        continue
-                    keep = not on or (name.startswith(prefixes) and "HostFunc" not in name)
-                    set_api(int(member), int(keep))
-        except Exception as exc:  # noqa: BLE001  (a CUPTI without per-API switches: records every call)
-            self.filter_error = f"{type(exc).__name__}: {exc}"
+        switches = self._api_switches()
+        if raw is None or not switches:
+            self.filter_error = "no API call ids known" if raw is not None else "libcupti not opened"
+            return False
+        error = raw.filter_api(switches, on)
+        if error:
+            raw.filter_api(switches, False)  # undo what was set
+            self.filter_error = error
             return False
         return True
 
@@ -942,9 +980,9 @@ class CuptiSource:
             groups.append((rows, *cols, np.zeros(rows.size, np.int64) if runtime is None else runtime))
 
         def blank(n: int, kind: str) -> dict[str, np.ndarray]:
-            kind_col, name_col = np.full(n, kind, dtype=object), np.full(n, "", dtype=object)
+            kind_col = np.full(n, kind, dtype=object)
             zero = np.zeros(n, np.int64)
-            return {"kind": kind_col, "name": name_col, "pinned": np.full(n, -1), "grid": zero, "block": zero}
+            return {"kind": kind_col, "name": zero, "pinned": np.full(n, -1), "grid": zero, "block": zero}
 
         is_kernel = kinds == self._k_kernels[0]
         for code in self._k_kernels[1:]:
@@ -957,7 +995,7 @@ class CuptiSource:
                 dims = {f: column(kernel_rows, "kernel", f).astype(np.int64) for f in _DIM_FIELDS}
                 given = blank(n, "kernel") | {
                     "bytes": np.zeros(n, np.int64),
-                    "name": self._kernel_names(kernel_rows, column),
+                    "name": self._name_pointers(kernel_rows, column),
                     "grid": pack_dim3(dims["grid_x"], dims["grid_y"], dims["grid_z"]),
                     "block": pack_dim3(dims["block_x"], dims["block_y"], dims["block_z"]),
                 }
@@ -987,17 +1025,26 @@ class CuptiSource:
             keep = keep[np.argsort(cols["row"][keep], kind="stable")]
         return {name: col[keep] for name, col in cols.items() if name != "row"}, ext, api
 
-    def _kernel_names(self, rows: np.ndarray, column: Any) -> np.ndarray:
-        """Kernel names of the kernel records at ``rows`` (read once per distinct pointer)."""
+    def _name_pointers(self, rows: np.ndarray, column: Any) -> np.ndarray:
+        """The name pointers of the kernel records at ``rows`` (0 where the layout is not trusted): strings are read
+        only for the records that need one (``names_of``), never for our own ops, whose names are known."""
         raw = self._raw
         if self._read_names and raw is not None and any(k in raw.size_mismatch for k in self._k_kernels):
             self._read_names = False  # another struct version than the dtype: the name offset is not trusted
             self.layout_notes.append(f"kernel names not read: record sizes {raw.size_mismatch} differ")
         if not self._read_names:
-            return np.full(rows.size, "", dtype=object)
-        pointers = column(rows, "kernel", "name")
+            return np.zeros(rows.size, np.int64)
+        return column(rows, "kernel", "name").astype(np.int64)
+
+    def names_of(self, pointers: np.ndarray) -> np.ndarray:
+        """Kernel names from the record's name pointers (CUPTI-owned C strings, kept by CUPTI while the module is
+        loaded), each pointer read once per process and remembered."""
         unique, inverse = np.unique(pointers, return_inverse=True)
-        return np.array([self._kernel_name(p) for p in unique.tolist()], dtype=object)[inverse.ravel()]
+        cache = self._names
+        for p in unique.tolist():
+            if p not in cache:
+                cache[p] = self._kernel_name(p)
+        return np.array([cache[p] for p in unique.tolist()], dtype=object)[inverse.ravel()]
 
     def _pinned_column(self, rows: np.ndarray, copy_kind: np.ndarray, column: Any) -> np.ndarray:
         """1 / 0 where a host-side copy's host memory is pinned / pageable, -1 for device-side copies."""
@@ -1076,7 +1123,7 @@ def other_client() -> str:
 def prepare(background: bool = True) -> None:
     """Do once, ahead of the first trace, what makes starting CUPTI slow: import cupti-python (~60 ms), open
     libcupti, build the record tables and, with ``ATTACH_EARLY``, attach CUPTI (nothing is recorded until a trace
-    starts). Also points NVTX at CUPTI (``NVTX_INJECTION64_PATH``) when nothing else was named. Never raises."""
+    starts). Never raises."""
     global _PREPARING
     if _PREPARED.is_set():
         return
@@ -1104,7 +1151,6 @@ def _prepare() -> None:
         from cupti import cupti
 
         raw = _raw_cupti(cupti)
-        os.environ.setdefault("NVTX_INJECTION64_PATH", raw.path)
         src = process_source()
         with _STATE_LOCK:
             if not src._tables_ready:
@@ -1114,6 +1160,7 @@ def _prepare() -> None:
             src._api_switches()
             if ATTACH_EARLY and _ACTIVE is None and not other_client():
                 raw.register()  # attaches CUPTI; our callbacks drop what comes while no source is active
+                raw.hand_back()
     except Exception:  # noqa: BLE001  a trace reports why CUPTI cannot start when it tries
         pass
     finally:

@@ -75,7 +75,8 @@ class ForeignRecords:
     """Pending API calls and NVTX range starts of other libraries, and what each harvest turns into span rows.
 
     The owner (a ``Trace``) supplies ``device_of(cuda_ids) -> trace device numbers``, ``thread_row(device, tid)``
-    (the stream number of a host thread's row) and ``label(device, stream, text)``."""
+    (the stream number of a host thread's row), ``label(device, stream, text)``, ``api_name(runtime, cbid)`` and
+    ``names_of(name_pointers)`` (the records carry pointers to CUPTI's strings: only other libraries' are read)."""
 
     def __init__(
         self,
@@ -83,8 +84,10 @@ class ForeignRecords:
         thread_row: Callable[[int, int], int],
         label: Callable[[int, int, str], None],
         api_name: Callable[[int, int], str],
+        names_of: Callable[[np.ndarray], np.ndarray],
     ) -> None:
         self._device_of, self._thread_row, self._label, self._api_name = device_of, thread_row, label, api_name
+        self._names_of = names_of
         self._calls: dict[str, np.ndarray] | None = None
         self._open: dict[int, tuple[int, int, str, str]] = {}  # NVTX id -> (start, thread, name, domain)
         self._names: dict[str, str] = {}  # mangled -> demangled
@@ -136,7 +139,7 @@ class ForeignRecords:
         kinds = np.array([KIND_CODE[_KIND_OF.get(k, "d2d")] for k in rec["kind"].tolist()], np.int8)
         device = self._device_of(rec["device_id"].astype(np.int64))
         stream = FOREIGN_STREAM_BASE + rec["stream_id"].astype(np.int64)
-        names = np.array([self._demangled(x) for x in rec["name"].tolist()], dtype=object)
+        names = np.array([self._demangled(x) for x in self._names_of(rec["name"]).tolist()], dtype=object)
         corr = rec["correlation_id"].astype(np.int64)
         enqueue = np.full(n, -1, np.int64)
         link = np.full(n, -1, np.int64)

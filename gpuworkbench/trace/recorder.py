@@ -371,7 +371,7 @@ class Trace:
         owner = _CUPTI_OWNER
         if owner is not None and owner is not self and not owner.recording and owner._thread is not None:
             owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
-        cupti_module.prepare(background=False)  # once per process; at once when done ahead (``%load_ext``, a Device)
+        cupti_module.prepare(background=False)  # once per process; begun when a CUDA Device opened or at %load_ext
         source = cupti_module.process_source()
         if source.running:
             self._cupti_reason = "another trace of this process holds CUPTI (it serves one trace at a time)"
@@ -388,7 +388,9 @@ class Trace:
         cupti_ns, host_ns, err = source.clock_sample()
         self._cupti_offset, self._cupti_error = cupti_ns - host_ns, err
         self._window_offset, self._window_drifts = self._sample_window_offset()
-        self._foreign = ForeignRecords(self._foreign_devices, self._thread_row, self.label_stream, source.api_name)
+        self._foreign = ForeignRecords(
+            self._foreign_devices, self._thread_row, self.label_stream, source.api_name, source.names_of
+        )
         return ""
 
     def _foreign_devices(self, ordinals: np.ndarray) -> np.ndarray:
