@@ -109,8 +109,8 @@ def proof() -> None:
 
     work = Workload()
     rounds = []
-    for _ in range(3):
-        with gw.trace() as t:
+    for _ in range(5):
+        with gw.trace(others=True) as t:
             work.run()
         table = t.table()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -149,12 +149,13 @@ def proof() -> None:
             return out
 
         ok, tk = per_stream(ours, "kernel"), per_stream(theirs, "kernel")
-        diffs = []
+        diffs, pairs = [], []
         for sid in set(ok) & set(tk):
             if len(ok[sid]) == len(tk[sid]):
-                diffs += [
-                    abs((a["end_ns"] - a["start_ns"]) - (b["end_ns"] - b["start_ns"])) for a, b in zip(ok[sid], tk[sid])
-                ]
+                for a, b in zip(ok[sid], tk[sid]):
+                    da, db = a["end_ns"] - a["start_ns"], b["end_ns"] - b["start_ns"]
+                    diffs.append(abs(da - db))
+                    pairs.append((sid, a["name"][:40], b["name"][:40], da, db))
         copies = {
             who: sorted((s["kind"], s["bytes"], s["pinned"]) for s in spans if s["kind"] in ("h2d", "d2h", "d2d"))
             for who, spans in (("ours", ours), ("torch", theirs))
@@ -174,7 +175,7 @@ def proof() -> None:
                 "copies_equal": copies["ours"] == copies["torch"],
                 "copies": copies,
                 "overlap_pct": overlap,
-                "names_sample": sorted({s["name"] for s in ours if s["kind"] == "kernel"})[:6],
+                "kernel_pairs": pairs,
                 "api_spans": int((table["kind"] == KINDS.index("api")).sum()),
                 "linked": int(((table["corr"] >= 0) & (table["kind"] == KINDS.index("kernel"))).sum()),
                 "spans": {"ours": len(ours), "torch": len(theirs), "trace": len(table["kind"])},
@@ -334,7 +335,7 @@ def coexist() -> None:
         torch.cuda.synchronize()
 
     work()
-    with gw.trace() as t:
+    with gw.trace(others=True) as t:
         work()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as inside:
             work()
@@ -351,7 +352,7 @@ def coexist() -> None:
         work()
     emit(what="torch.profiler after a trace", torch_kernels=torch_kernels(after))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as holding:
-        with gw.trace() as t2:
+        with gw.trace(others=True) as t2:
             work()
     emit(
         what="a trace inside torch.profiler",
@@ -359,7 +360,7 @@ def coexist() -> None:
         trace_spans=len(t2.spans),
         warnings=t2.stats.warnings,
     )
-    with gw.trace() as t3:
+    with gw.trace(others=True) as t3:
         work()
     emit(what="a trace after all that", kernels=int((t3.table()["kind"] == 4).sum()), warnings=t3.stats.warnings)
 

@@ -35,9 +35,12 @@ from .trace.recorder import Trace
 __version__ = "0.1.0"
 
 
-def trace(capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto") -> Trace:
-    """A Trace to use as ``with gw.trace() as t:``; records every op on every device without synchronizing."""
-    return Trace(capacity=capacity, interval_s=interval_s, source=source)
+def trace(
+    capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto", others: bool | None = None
+) -> Trace:
+    """A Trace to use as ``with gw.trace() as t:``; records every op on every device without synchronizing.
+    ``others=True``: other libraries' CUDA work too (CuPy, PyTorch ...; see ``Trace``)."""
+    return Trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
 
 
 def live(trace: Trace | None = None, device: Device | str | None = None, **options: Any) -> Any:

@@ -46,7 +46,7 @@ def test_plain_cupy_work_is_traced_with_names_bytes_pinning_and_launches(cp):
     x = cp.empty(host.shape, cp.float32)
     scale(x, x)  # compiled outside the trace
     cp.cuda.Device().synchronize()
-    with gw.trace() as t:
+    with gw.trace(others=True) as t:
         x.set(pinned)
         y = cp.empty_like(x)
         y.set(host)  # pageable (cp.asarray would stage it through CuPy's pinned pool)
@@ -82,7 +82,7 @@ def test_torch_work_its_streams_allocations_and_nvtx_ranges(cp):
     a = torch.randn(1024, 1024, device="cuda")
     (a @ a).sum().item()
     side = torch.cuda.Stream()
-    with gw.trace() as t:
+    with gw.trace(others=True) as t:
         with gw.range("step"):
             with torch.cuda.stream(side):
                 b = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # 64 MiB from the caching allocator
@@ -115,7 +115,7 @@ def test_our_ops_keep_their_names_beside_other_libraries_launches_on_one_thread(
     f(buf, out)
     (z + 1).sum()
     dev.synchronize()
-    with gw.trace() as t:
+    with gw.trace(others=True) as t:
         for _ in range(5):
             f(buf, out)
             z += 1
@@ -147,7 +147,7 @@ def test_torch_profiler_inside_and_after_a_trace_still_records_its_kernels(cp):
             os.unlink(path)
 
     work()
-    with gw.trace() as t:
+    with gw.trace(others=True) as t:
         work()
         with profile(activities=[ProfilerActivity.CUDA]) as inside:
             work()
@@ -158,6 +158,6 @@ def test_torch_profiler_inside_and_after_a_trace_still_records_its_kernels(cp):
     with profile(activities=[ProfilerActivity.CUDA]) as after:
         work()
     assert kernels(after) >= 3
-    with gw.trace() as again:  # CUPTI is ours again once the profiler is done
+    with gw.trace(others=True) as again:  # CUPTI is ours again once the profiler is done
         work()
     assert foreign(again.table(), "kernel").sum() >= 3 and not again.stats.warnings

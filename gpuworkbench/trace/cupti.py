@@ -42,7 +42,7 @@ ACTIVITY_KINDS: tuple[str, ...] = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "EXT
 #: ... and where this CUPTI has them: device allocations and frees of every library (CUPTI_ACTIVITY_KIND_MEMORY2),
 #: and NVTX ranges (MARKER; NVTX reaches CUPTI only where ``NVTX_INJECTION64_PATH`` named libcupti before the first
 #: NVTX call of the process: ``prepare`` sets it when it is unset).
-OPTIONAL_KINDS: tuple[str, ...] = ("MEMORY2", "MARKER")
+OPTIONAL_KINDS: tuple[str, ...] = ()
 #: API record kinds enabled as carriers: CUPTI emits EXTERNAL_CORRELATION records only for API calls it records, and
 #: a trace places each call (its thread and start) in the window in which it enqueued one of its ops.
 API_CARRIER_KINDS: tuple[str, ...] = ("DRIVER", "RUNTIME")
@@ -196,6 +196,7 @@ _TIME_FIELDS: tuple[str, ...] = ("start", "end", "correlation_id")
 _NONE = np.empty(0, np.int64)
 _DIM_FIELDS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 _STATE_LOCK = threading.Lock()
+
 _ACTIVE: CuptiSource | None = None
 _RAW: _RawCupti | None = None
 _AVAILABLE: tuple[bool, str] | None = None
@@ -462,6 +463,34 @@ _KINETO_SYMBOLS = (
 _KINETO: Any = None
 
 
+_MEM_FD: int | None = None
+
+
+def _read_c_string(pointer: int, limit: int = 1 << 16) -> str:
+    """A NUL-terminated string at ``pointer`` in this process, read without touching memory that may be unmapped."""
+    global _MEM_FD
+    if _MEM_FD is None:
+        try:
+            _MEM_FD = os.open("/proc/self/mem", os.O_RDONLY)
+        except OSError:
+            _MEM_FD = -1
+    if _MEM_FD < 0:
+        return ctypes.string_at(pointer).decode("utf-8", "replace")  # no /proc (not Linux): read it directly
+    out = b""
+    while len(out) < limit:
+        try:
+            chunk = os.pread(_MEM_FD, 1024, pointer + len(out))
+        except OSError:
+            return out.decode("utf-8", "replace") if out else ""
+        end = chunk.find(b"\0")
+        if end >= 0:
+            return (out + chunk[:end]).decode("utf-8", "replace")
+        if not chunk:
+            break
+        out += chunk
+    return out.decode("utf-8", "replace")
+
+
 def _kineto_callbacks() -> tuple[Any, Any] | None:
     """PyTorch's profiler's CUPTI buffer callbacks where torch is loaded (None: not loaded, or not found)."""
     global _KINETO
@@ -612,12 +641,11 @@ class CuptiSource:
                     self._tables_ready = True
                 _ACTIVE = self  # before enabling, so that no buffer completes without a receiver
                 self._raw.register()
-                # The per-call switches first: API records are then limited from the first one on.
-                self.api_filtered = API_FILTER and bool(API_CARRIER_KINDS) and self._filter_api(True)
                 for name in ACTIVITY_KINDS + API_CARRIER_KINDS:
                     kind = cupti.ActivityKind[name]
                     cupti.activity_enable(kind)
                     self._enabled.append(kind)
+                self.api_filtered = API_FILTER and bool(API_CARRIER_KINDS) and self._filter_api(True)
                 for name in OPTIONAL_KINDS:
                     kind = getattr(cupti.ActivityKind, name, None)
                     if kind is not None:
@@ -649,7 +677,6 @@ class CuptiSource:
         self._disable_all()
         if raw is not None:
             raw.flush_all(1)
-            raw.hand_back()
         with _STATE_LOCK:
             if _ACTIVE is self:
                 _ACTIVE = None  # CUPTI has no "unregister": our callbacks now drop what comes
@@ -836,21 +863,21 @@ class CuptiSource:
             self.api_filtered = False
 
     def _filter_api(self, on: bool) -> bool:
-        """Record only the device-work API calls (``on``) or every call again; False if this CUPTI cannot.
-
-        All or nothing, through libcupti's per-call switches (about 1 100 calls: ~0.3 ms): where one switch fails,
-        every switch is turned back on and filtering is not tried again (a half-set filter must not outlive a trace)."""
-        if self.filter_error:
-            return False
-        raw = self._raw
-        switches = self._api_switches()
-        if raw is None or not switches:
-            self.filter_error = "no API call ids known" if raw is not None else "libcupti not opened"
-            return False
-        error = raw.filter_api(switches, on)
-        if error:
-            raw.filter_api(switches, False)  # undo what was set
-            self.filter_error = error
+        """Record only the device-work API calls (``on``) or every call again; False if this CUPTI cannot."""
+        cupti = self._cupti
+        try:
+            for domain, enum_cls, set_api in (
+                ("driver", cupti.driver_api_trace_cbid, cupti.activity_enable_driver_api),
+                ("runtime", cupti.runtime_api_trace_cbid, cupti.activity_enable_runtime_api),
+            ):
+                prefixes = _API_PREFIXES[domain]
+                for member in enum_cls:
+                    name = member.name
+                    if name in ("INVALID", "SIZE", "FORCE_INT"):
+                        continue
+                    keep = not on or (name.startswith(prefixes) and "HostFunc" not in name)
+                    set_api(int(member), int(keep))
+        except Exception:  # noqa: BLE001  (an older CUPTI without per-API switches: records every call)
             return False
         return True
 
@@ -1073,10 +1100,13 @@ class CuptiSource:
 
     @staticmethod
     def _kernel_name(pointer: int) -> str:
-        """The C string CUPTI keeps for a kernel's name ('' for NULL or a value no user-space pointer has)."""
+        """The C string CUPTI keeps for a kernel's name ('' for NULL, a value no user-space pointer has, or memory
+        no longer mapped). Read through ``/proc/self/mem``, which fails cleanly where the memory is gone: CUPTI frees
+        a module's names when the module is unloaded, and reading them directly crashed the process (measured in the
+        GPU test suite, which compiles and drops many modules)."""
         if not 4096 <= pointer < 1 << 56:
             return ""
-        return ctypes.string_at(pointer).decode("utf-8", "replace")
+        return _read_c_string(pointer)
 
 
 def _span_dicts(cols: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -1092,6 +1122,18 @@ _PREPARING: threading.Thread | None = None
 #: Whether ``prepare`` also attaches CUPTI to the process (its first callback registration: ~20 ms on an H100),
 #: so that the first trace does not pay it.
 ATTACH_EARLY = True
+
+
+def hand_over() -> None:
+    """Before another tool (torch.profiler) takes CUPTI: every API call recorded again, and CUPTI's buffer callbacks
+    given back to Kineto where it is loaded (it may register them only once per process: after a trace of ours its
+    next session would otherwise send its records to us; measured: torch.profiler then saw 0 kernels)."""
+    source, raw = _SOURCE, _RAW
+    if source is not None and source.api_filtered and not source.running:
+        source._filter_api(False)
+        source.api_filtered = False
+    if raw is not None and _ACTIVE is None:
+        raw.hand_back()
 
 
 def process_source() -> CuptiSource:
@@ -1160,7 +1202,6 @@ def _prepare() -> None:
             src._api_switches()
             if ATTACH_EARLY and _ACTIVE is None and not other_client():
                 raw.register()  # attaches CUPTI; our callbacks drop what comes while no source is active
-                raw.hand_back()
     except Exception:  # noqa: BLE001  a trace reports why CUPTI cannot start when it tries
         pass
     finally:

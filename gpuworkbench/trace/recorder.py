@@ -12,6 +12,7 @@ as little as it can from the launches it measures; live views, which poll ``vers
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import threading
 import time
@@ -82,6 +83,7 @@ def _hook_torch_profiler() -> None:
         owner = _CUPTI_OWNER
         if owner is not None:
             owner._yield_cupti("torch.profiler started and took CUPTI")
+        cupti_source.hand_over()
         return original(*args, **kwargs)
 
     prepare.gpuworkbench_hook = True  # type: ignore[attr-defined]
@@ -209,11 +211,16 @@ class Trace:
     ``source`` is "auto" (CUPTI on CUDA where it starts, else events) or "events" to force the fallback.
     """
 
-    def __init__(self, capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto") -> None:
+    def __init__(
+        self, capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto", others: bool | None = None
+    ) -> None:
         if source not in ("auto", "events", "cupti"):
             raise ValueError(f"trace source must be 'auto', 'events' or 'cupti', not {source!r}")
         self.id = next(_IDS)
         self.capacity, self.interval_s, self.source = capacity, interval_s, source
+        #: Whether other libraries' CUDA work (CuPy, PyTorch ...) is captured too (CUPTI from the trace's start).
+        #: Off unless asked for, or ``GPUWB_TRACE_OTHERS=1``: see docs/architecture.md for why.
+        self.others = others if others is not None else os.environ.get("GPUWB_TRACE_OTHERS", "") == "1"
         self._spans = _Columns(COLUMNS, capacity)
         self._memory = _Columns(MEMORY_COLUMNS, capacity)
         self._pending: deque[tuple] = deque()  # ops timed by events, not yet looked at (layout above)
@@ -273,7 +280,7 @@ class Trace:
         if self.recording:
             return self
         self.started_ns = time.perf_counter_ns()
-        if self.source != "events" and _cuda_in_process():
+        if self.others and self.source != "events" and self._cupti is None and _cuda_in_process():
             self._start_cupti()  # every library's CUDA work from the first op on
         with _ACTIVE_LOCK:
             ACTIVE.append(self)
@@ -372,10 +379,7 @@ class Trace:
         if owner is not None and owner is not self and not owner.recording and owner._thread is not None:
             owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
         cupti_module.prepare(background=False)  # once per process; begun when a CUDA Device opened or at %load_ext
-        source = cupti_module.process_source()
-        if source.running:
-            self._cupti_reason = "another trace of this process holds CUPTI (it serves one trace at a time)"
-            return self._cupti_reason
+        source = cupti_module.CuptiSource()  # one per trace, as CUPTI serves one trace at a time
         _hook_torch_profiler()
         try:
             source.start()
@@ -388,9 +392,10 @@ class Trace:
         cupti_ns, host_ns, err = source.clock_sample()
         self._cupti_offset, self._cupti_error = cupti_ns - host_ns, err
         self._window_offset, self._window_drifts = self._sample_window_offset()
-        self._foreign = ForeignRecords(
-            self._foreign_devices, self._thread_row, self.label_stream, source.api_name, source.names_of
-        )
+        if self.others:
+            self._foreign = ForeignRecords(
+                self._foreign_devices, self._thread_row, self.label_stream, source.api_name, source.names_of
+            )
         return ""
 
     def _foreign_devices(self, ordinals: np.ndarray) -> np.ndarray:
@@ -676,7 +681,7 @@ class Trace:
             if self._window_drifts:
                 self._window_offset = self._sample_window_offset()[0]
             eager = flush or not self.recording
-            records = self._cupti.flush_columns(eager=eager, full=True, resolve=self._resolve)
+            records = self._cupti.flush_columns(eager=eager, full=self.others, resolve=self._resolve)
             ops.add_records(records, cycle)
             self.stats.unplaced_calls = self._cupti.unplaced_calls
             if self._foreign is not None:
