@@ -283,7 +283,7 @@ def test_cupti_spans_go_to_the_ops_whose_calls_they_are_among_other_launches_and
             for i in range(n):
                 empty(1, 32, (b,), stream=s2, name=f"thread-{i}")
 
-        with gw.trace(source="cupti", others=True) as t:
+        with gw.trace(source="cupti") as t:
             worker = threading.Thread(target=other)
             worker.start()
             for i in range(n):
@@ -291,14 +291,9 @@ def test_cupti_spans_go_to_the_ops_whose_calls_they_are_among_other_launches_and
                 foreign((1,), (1,), (np.uint64(20_000),), stream=raw_stream)  # 20 µs: not ours, and long
             worker.join()
         assert t.wait_pending(30)
-    from gpuworkbench.trace.cupti_foreign import FOREIGN_STREAM_BASE
-
-    kernels = [sp for sp in t.spans if sp.kind == "kernel" and sp.stream < FOREIGN_STREAM_BASE]
+    kernels = [sp for sp in t.spans if sp.kind == "kernel"]
     names = sorted(sp.name for sp in kernels)
     assert names == sorted([f"ours-{i}" for i in range(n)] + [f"thread-{i}" for i in range(n)])
-    # The raw CuPy launches are in the trace too, as another library's work on a row of their own.
-    spins = [sp for sp in t.spans if sp.kind == "kernel" and sp.stream >= FOREIGN_STREAM_BASE]
-    assert [sp.name for sp in spins] == ["spin"] * n and min(sp.duration_ns for sp in spins) >= 15_000
     assert t.stats.lost == 0 and t.stats.unplaced_calls >= n
     longest = max(sp.duration_ns for sp in kernels)
     assert longest < 15_000, f"an empty kernel's span lasted {longest} ns: a 20 µs foreign launch was taken for it"
