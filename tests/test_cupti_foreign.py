@@ -42,10 +42,10 @@ class Rows:
 def foreign() -> tuple[ForeignRecords, Rows]:
     rows = Rows()
     names_of = np.vectorize(lambda p: NAMES[int(p)], otypes=[object])
+
     def api_name(runtime: int, cbid: int) -> str:
         return ("cudaLaunchKernel" if runtime else "cuLaunchKernel") if cbid == 1 else "cudaMemcpyAsync"
-        ("cudaLaunchKernel" if runtime else "cuLaunchKernel") if cbid == 1 else "cudaMemcpyAsync"
-    )  # noqa: E731
+
     return ForeignRecords(rows.device_of, rows.thread_row, rows.label, api_name, names_of), rows
 
 
