@@ -60,7 +60,7 @@ def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's shell
 
     register(ipython)
     serve_panel(ipython)  # a no-op outside a Jupyter kernel
-    cupti.prepare(background=False)  # CUPTI's one-time setup now, so that the first %%gpu cell does not pay it
+    cupti.prepare()  # CUPTI's one-time setup now, so that the first %%gpu cell does not pay it
 
 
 __all__ = [

@@ -280,29 +280,6 @@ class _RawCupti:
         self.end_status = -1  # CUPTI_ERROR_MAX_LIMIT_REACHED, set by the source from cupti-python's enum
         self.buffers_walked_by_cupti = 0
         self.last_walk_status = 0
-        self.filter_failures = 0
-
-    def filter_api(self, switches: list[tuple[int, int, bool]], on: bool) -> str:
-        """Set CUPTI's per-call API record switches (``switches``: domain, cbid, kept); '' or why it failed."""
-        try:
-            calls = (self.lib.cuptiActivityEnableDriverApi, self.lib.cuptiActivityEnableRuntimeApi)
-        except AttributeError as exc:
-            return f"this libcupti has no per-call API switches ({exc})"
-        for fn in calls:
-            fn.argtypes = [ctypes.c_uint32, ctypes.c_uint8]
-            fn.restype = ctypes.c_int
-        failed = [
-            (domain, cbid, status)
-            for domain, cbid, keep in switches
-            if (status := calls[domain](cbid, 1 if keep or not on else 0))
-        ]
-        self.filter_failures = len(failed)
-        if failed and on:
-            domain, cbid, status = failed[0]
-            return (
-                f"{len(failed)} of {len(switches)} API switches failed (first: domain {domain} cbid {cbid}: {status})"
-            )
-        return ""
 
     def hand_back(self) -> bool:
         """Give CUPTI's buffer callbacks back to PyTorch's profiler (Kineto) where it is loaded: Kineto may register
@@ -578,10 +555,7 @@ class CuptiSource:
         self._api_names: dict[int, dict[int, str]] = {0: {}, 1: {}}
         self._tables_ready = False
         self._names: dict[int, str] = {0: ""}  # kernel name pointer -> name
-        self._switches: list[tuple[int, int, bool]] | None = None
         self._frozen = False
-        #: Why API records cannot be limited to launches here ('' where they can, or before the first try).
-        self.filter_error = ""
         #: Bumped by every ``start``: a trace stops or abandons only the session it started.
         self.session = 0
         #: Whether the API carrier records are limited to the calls that enqueue device work.
@@ -636,7 +610,7 @@ class CuptiSource:
             self._cupti = cupti
             try:
                 self._raw = _raw_cupti(cupti)
-                if not self._tables_ready:  # once per source: the process's source is started by every trace
+                if not self._tables_ready:  # once per source
                     self._setup_tables(cupti)
                     self._tables_ready = True
                 _ACTIVE = self  # before enabling, so that no buffer completes without a receiver
@@ -881,19 +855,6 @@ class CuptiSource:
             return False
         return True
 
-    def _api_switches(self) -> list[tuple[int, int, bool]]:
-        """(domain 0 driver / 1 runtime, cbid, kept when filtered) for every API call CUPTI names."""
-        if self._switches is None:
-            switches = []
-            for domain, names in self._api_names.items():
-                prefixes = _API_PREFIXES["driver" if domain == 0 else "runtime"]
-                for cbid, name in names.items():
-                    if name in ("INVALID", "SIZE", "FORCE_INT"):
-                        continue
-                    switches.append((domain, cbid, name.startswith(prefixes) and "HostFunc" not in name))
-            self._switches = switches
-        return self._switches
-
     def api_name(self, runtime: int, cbid: int) -> str:
         """The name of a driver (``runtime`` 0) or runtime API call from its callback id, e.g. 'cuLaunchKernel'."""
         name = self._api_names[1 if runtime else 0].get(int(cbid), "")
@@ -1116,33 +1077,19 @@ def _span_dicts(cols: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     return [dict(zip(keys, row)) for row in zip(*(cols[n].tolist() for n in names))]
 
 
-_SOURCE: CuptiSource | None = None
-_PREPARED = threading.Event()
-_PREPARING: threading.Thread | None = None
+_PREPARED = False
 #: Whether ``prepare`` also attaches CUPTI to the process (its first callback registration: ~20 ms on an H100),
 #: so that the first trace does not pay it.
 ATTACH_EARLY = True
 
 
 def hand_over() -> None:
-    """Before another tool (torch.profiler) takes CUPTI: every API call recorded again, and CUPTI's buffer callbacks
-    given back to Kineto where it is loaded (it may register them only once per process: after a trace of ours its
-    next session would otherwise send its records to us; measured: torch.profiler then saw 0 kernels)."""
-    source, raw = _SOURCE, _RAW
-    if source is not None and source.api_filtered and not source.running:
-        source._filter_api(False)
-        source.api_filtered = False
+    """Before another tool (torch.profiler) takes CUPTI: CUPTI's buffer callbacks given back to Kineto where it is
+    loaded (it may register them only once per process: after a trace of ours its next session would otherwise send
+    its records to us; measured: torch.profiler then saw 0 kernels)."""
+    raw = _RAW
     if raw is not None and _ACTIVE is None:
         raw.hand_back()
-
-
-def process_source() -> CuptiSource:
-    """The process's one CUPTI source: every trace that uses CUPTI starts and stops this one (a window on it)."""
-    global _SOURCE
-    with _STATE_LOCK:
-        if _SOURCE is None:
-            _SOURCE = CuptiSource()
-        return _SOURCE
 
 
 def other_client() -> str:
@@ -1162,50 +1109,27 @@ def other_client() -> str:
     return ""
 
 
-def prepare(background: bool = True) -> None:
-    """Do once, ahead of the first trace, what makes starting CUPTI slow: import cupti-python (~60 ms), open
-    libcupti, build the record tables and, with ``ATTACH_EARLY``, attach CUPTI (nothing is recorded until a trace
-    starts). Never raises."""
-    global _PREPARING
-    if _PREPARED.is_set():
-        return
+def prepare() -> None:
+    """Do once what makes the first CUPTI trace slow: import cupti-python (~60 ms on the H100 machine), open libcupti
+    and, with ``ATTACH_EARLY``, attach CUPTI (~20 ms; nothing is recorded until a trace starts). On the calling thread
+    only: CUPTI set up from a thread beside the user's CUDA calls made later CUDA calls fail ('context is destroyed').
+    ``%load_ext gpuworkbench`` calls it; so does the first trace that meets CUDA. Never raises."""
+    global _PREPARED
     with _STATE_LOCK:
-        thread = _PREPARING
-        if thread is None:
-            thread = _PREPARING = threading.Thread(target=_prepare, name="gpuworkbench-cupti-prepare", daemon=True)
-            thread.start()
-    if not background:
-        thread.join()
-
-
-def wait_prepared(timeout_s: float = 5.0) -> None:
-    """Wait for a ``prepare`` under way (a trace starting while it runs)."""
-    thread = _PREPARING
-    if thread is not None and thread is not threading.current_thread():
-        thread.join(timeout_s)
-
-
-def _prepare() -> None:
-    try:
-        ok, _ = CuptiSource.available()
-        if not ok:
+        if _PREPARED:
             return
-        from cupti import cupti
+        _PREPARED = True
+        try:
+            ok, _ = CuptiSource.available()
+            if not ok:
+                return
+            from cupti import cupti
 
-        raw = _raw_cupti(cupti)
-        src = process_source()
-        with _STATE_LOCK:
-            if not src._tables_ready:
-                src._raw, src._cupti = raw, cupti
-                src._setup_tables(cupti)
-                src._tables_ready = True
-            src._api_switches()
+            raw = _raw_cupti(cupti)
             if ATTACH_EARLY and _ACTIVE is None and not other_client():
                 raw.register()  # attaches CUPTI; our callbacks drop what comes while no source is active
-    except Exception:  # noqa: BLE001  a trace reports why CUPTI cannot start when it tries
-        pass
-    finally:
-        _PREPARED.set()
+        except Exception:  # noqa: BLE001  a trace reports why CUPTI cannot start when it tries
+            pass
 
 
 def _stop_active_at_exit() -> None:

@@ -378,7 +378,7 @@ class Trace:
         owner = _CUPTI_OWNER
         if owner is not None and owner is not self and not owner.recording and owner._thread is not None:
             owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
-        cupti_module.prepare(background=False)  # once per process; begun when a CUDA Device opened or at %load_ext
+        cupti_module.prepare()  # once per process; begun when a CUDA Device opened or at %load_ext
         source = cupti_module.CuptiSource()  # one per trace, as CUPTI serves one trace at a time
         _hook_torch_profiler()
         try:
