@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._memory import as_dtype
 from .backends.base import BufferArg
 from .errors import BufferClosed, InvalidArgument, _fmt_bytes
 from .streams import Event, Stream
@@ -28,17 +29,16 @@ class Buffer:
     @classmethod
     def allocate(cls, device: Device, n: int, dtype: Any = "float32") -> Buffer:
         """Allocate ``n`` elements of ``dtype`` on ``device`` (uninitialised). Raises OutOfMemory when it won't fit."""
-        from .device import _dtype
-
-        device._check_open()
+        ledger = device._memory
+        ledger.check_open()
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise InvalidArgument(f"buffer length must be a non-negative int, got {n!r}")
-        dt = _dtype(dtype)
+        dt = as_dtype(dtype)
         nbytes = int(n) * dt.itemsize
         start = time.perf_counter_ns()
         handle = device._backend.alloc(nbytes)
         buf = cls(device, int(n), dt, handle)
-        device._register_alloc(buf, nbytes, start)
+        ledger.allocated(buf, nbytes, start, handle)
         return buf
 
     # ------------------------------------------------------------------ facts
@@ -216,7 +216,7 @@ class Buffer:
         start = time.perf_counter_ns()
         self.device._backend.free(self._handle)
         self._freed, self._handle = True, None
-        self.device._register_free(self.size_bytes, start)
+        self.device._memory.freed(self.size_bytes, start)
 
     def __enter__(self) -> Buffer:
         return self

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections.abc import Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from . import _dispatch, backends
+from . import backends
+from ._memory import Ledger, as_dtype
 from .backends.base import BackendDevice, Caps, DeviceInfo
+from .buffer import Buffer
 from .errors import BackendUnavailable, InvalidArgument
+from .kernels import Kernel
+from .persistent import PersistentKernel
 from .streams import Stream, StreamAssignment, StreamPool, StreamSet
-
-if TYPE_CHECKING:
-    from .buffer import Buffer
-    from .kernels import Kernel
-    from .persistent import PersistentKernel
+from .trace import recorder
 
 
 class BackendKind(str, Enum):
@@ -100,10 +99,9 @@ class Device:
         self.index = index
         self.backend_kind = BackendKind(backend_name)
         self.closed = False
-        self.held_bytes = 0
+        self._memory = Ledger(self)  # bytes and buffers held here (_memory.py; Buffer reports to it)
         self._lock = threading.Lock()
         self._streams: list[Stream] = []
-        self._buffers: weakref.WeakSet = weakref.WeakSet()
         self._next_stream_id = 0
         self.default_stream = self.create_stream("default")
 
@@ -145,9 +143,14 @@ class Device:
         return int(total - free)
 
     @property
+    def held_bytes(self) -> int:
+        """Bytes of the buffers gpuworkbench holds on this device."""
+        return self._memory.held_bytes
+
+    @property
     def live_buffers(self) -> list[Buffer]:
         """Buffers allocated on this device and not freed yet."""
-        return [b for b in list(self._buffers) if not b.closed]
+        return self._memory.live()
 
     # ------------------------------------------------------------------ factories
     def create_stream(self, label: str | None = None) -> Stream:
@@ -158,8 +161,6 @@ class Device:
             self._next_stream_id += 1
         stream = Stream(self, label or f"stream-{sid}", sid)
         self._streams.append(stream)
-        from .trace import recorder
-
         for t in list(recorder.ACTIVE):
             if id(self) in t._device_numbers:
                 t.label_stream(t.device_number(self), sid, stream.label)
@@ -184,8 +185,6 @@ class Device:
 
     def alloc(self, n: int, dtype: Any = "float32") -> Buffer:
         """A device buffer of ``n`` elements (uninitialised). Blocks only for the allocation itself."""
-        from .buffer import Buffer
-
         return Buffer.allocate(self, n, dtype)
 
     def empty_pinned(self, shape: int | Sequence[int], dtype: Any = "float32") -> np.ndarray:
@@ -194,7 +193,7 @@ class Device:
         shape_t = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if any((not isinstance(s, (int, np.integer))) or s < 0 for s in shape_t):
             raise InvalidArgument(f"shape must be non-negative ints, got {shape!r}")
-        return self._backend.empty_pinned(shape_t, _dtype(dtype))
+        return self._backend.empty_pinned(shape_t, as_dtype(dtype))
 
     def is_pinned(self, array: np.ndarray) -> bool:
         """True when ``array`` is page-locked memory this device can copy asynchronously."""
@@ -203,8 +202,6 @@ class Device:
     def compile(self, source: Any, name: str, options: Sequence[str] = ()) -> Kernel:
         """Build kernel ``name`` from CUDA C / OpenCL C / a Python callable, per ``caps.kernel_language``.
         Raises CompileError carrying the compiler's log. Blocks while compiling."""
-        from .kernels import Kernel
-
         self._check_open()
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"kernel name must be a non-empty string, got {name!r}")
@@ -214,8 +211,6 @@ class Device:
     def persistent(self, capacity: int = 256, threads: int = 256, label: str = "persistent") -> PersistentKernel:
         """Launch a kernel that loops on its own stream taking commands from a ring (CUDA, ROCm; a thread on the
         CPU backend) until ``stop()``. Blocks while compiling it (the first time) and launching it."""
-        from .persistent import PersistentKernel
-
         return PersistentKernel(self, capacity, threads, label)
 
     # ------------------------------------------------------------------ sync and lifetime
@@ -230,19 +225,6 @@ class Device:
     def _runs_persistent(self) -> bool:
         """True while a persistent kernel loops on one of this device's streams (persistent.py)."""
         return any(s._persistent is not None for s in list(self._streams))
-
-    def _register_alloc(self, buf: Buffer, nbytes: int, start_ns: int) -> None:
-        with self._lock:
-            self.held_bytes += nbytes
-        self._buffers.add(buf)
-        _dispatch.host_event(
-            self, "alloc", nbytes, f"alloc {nbytes} B", start_ns, buf._handle if isinstance(buf._handle, int) else 0
-        )
-
-    def _register_free(self, nbytes: int, start_ns: int) -> None:
-        with self._lock:
-            self.held_bytes -= nbytes
-        _dispatch.host_event(self, "free", nbytes, f"free {nbytes} B", start_ns)
 
     def close(self) -> None:
         """Stop its persistent kernels, wait for all work, free every live buffer and stream, release the device."""
@@ -262,21 +244,10 @@ class Device:
             Device._open.pop((self.backend_kind.value, self.index), None)
 
     def _check_open(self) -> None:
-        if self.closed:
-            raise InvalidArgument(f"device {self.spec} is closed")
+        self._memory.check_open()
 
     def __repr__(self) -> str:
         return f"<Device {self.spec} {self.name!r}>"
-
-
-def _dtype(dtype: Any) -> np.dtype:
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise InvalidArgument(f"{dtype!r} is not a NumPy dtype") from None
-    if dt.hasobject or dt.itemsize == 0:
-        raise InvalidArgument(f"dtype {dt} cannot live on a device (objects and empty types have no fixed bytes)")
-    return dt
 
 
 def devices() -> list[DeviceInfo]:

@@ -279,11 +279,9 @@ class PersistentKernel:
     ECHO, SCALE, SUM = Command.ECHO, Command.SCALE, Command.SUM
 
     def __init__(self, device: Device, capacity: int = 256, threads: int = 256, label: str = "persistent") -> None:
-        from .device import BackendKind
-
         device._check_open()
         kind = device.backend_kind
-        if kind not in (BackendKind.CUDA, BackendKind.ROCM, BackendKind.CPU):
+        if kind.value not in ("cuda", "rocm", "cpu"):
             raise BackendUnavailable(
                 f"persistent kernels need host memory that a running kernel can poll (CUDA, ROCm) or the CPU "
                 f"backend's emulation; {device.spec} is {kind.value}, whose kernels cannot see host writes while "
@@ -294,7 +292,7 @@ class PersistentKernel:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads not in (32, 64, 128, 256, 512, 1024):
             raise InvalidArgument(f"threads must be a power of two from 32 to 1024 (one block); got {threads!r}")
         self.device, self.capacity, self.threads = device, capacity, threads
-        self._emulated = kind is BackendKind.CPU
+        self._emulated = kind.value == "cpu"
         self._spin_s = 0.0 if self._emulated else _SPIN_S  # the CPU loop needs the GIL to answer: yield at once
         self._lock = threading.Lock()
         self._next = 1
