@@ -29,6 +29,7 @@ from .pykernel import f32, f64, i32, i64, index, kernel, u32, width
 from .ranges import range
 from .streams import Event, Stream, StreamAssignment, StreamPool, StreamSet
 from .trace import cupti
+from .trace.compare import compare
 from .trace.kineto import load_trace
 from .trace.recorder import Trace
 
@@ -92,6 +93,7 @@ __all__ = [
     "StreamSet",
     "Trace",
     "backend_status",
+    "compare",
     "devices",
     "elementwise",
     "f32",

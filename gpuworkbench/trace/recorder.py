@@ -837,6 +837,13 @@ class Trace:
 
         return summarize(self.table(), window=window)
 
+    def statistics(self):  # noqa: ANN201 - statistics.Statistics
+        """Kernels by name, copies by direction and host memory, API calls and launch latency, as ``nsys stats``
+        gives them (``trace/statistics.py``); waits for pending spans once the trace stopped."""
+        from .statistics import trace_statistics
+
+        return trace_statistics(self)
+
     def timeline(self, **kw: Any):  # noqa: ANN201 - a bokeh figure
         """A Bokeh timeline, one row per device stream (options: ``viz.timeline_figure``); waits for pending spans."""
         from ..viz.timeline import trace_timeline
