@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -35,15 +36,21 @@ def range(name: str) -> Iterator[None]:  # noqa: A001 - the public name mirrors 
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"a range needs a non-empty name (a str), got {name!r}")
     domain = _nvtx_domain()
+    pushed = False
     if domain:
-        domain.push_range(domain.get_event_attributes(message=name))
+        try:
+            domain.push_range(domain.get_event_attributes(message=name))
+            pushed = True
+        except Exception:  # noqa: BLE001  NVTX is a courtesy to other tools: never the user's error
+            pass
     start = time.perf_counter_ns()
     try:
         yield
     finally:
         end = time.perf_counter_ns()
-        if domain:
-            domain.pop_range()
+        if pushed:
+            with contextlib.suppress(Exception):
+                domain.pop_range()
         thread = threading.get_ident()
         for t in list(recorder.ACTIVE):
             t.host_range(name, start, end, thread)
