@@ -1,11 +1,14 @@
 """Time ``summarize`` and friends on a random 10^6-span trace built with NumPy.
 
 The analysis must stay interactive on long traces: a 10^6-span table should summarise in well under a second.
-Run from the repository root: ``python benchmarks/bench_analysis.py [n_spans]``.
+Run from the repository root: ``python benchmarks/bench_analysis.py [n_spans] [--json out.json]``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -59,15 +62,28 @@ def _best_of(repeats: int, fn, *args) -> float:
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("n_spans", nargs="?", type=int, default=1_000_000)
+    parser.add_argument("--json", help="also write the results (ms, best of 3) here")
+    args = parser.parse_args()
+    n = args.n_spans
     table = random_table(n)
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "cpu_cores": os.cpu_count(), "spans": n}
     print(f"{n:,} spans, 2 devices, 8 streams each (best of 3)")
-    print(f"  union of all spans   {_best_of(3, union, table['start_ns'], table['end_ns']) * 1e3:8.1f} ms")
-    print(f"  gap_causes           {_best_of(3, gap_causes, table) * 1e3:8.1f} ms")
-    print(f"  state_segments(0)    {_best_of(3, state_segments, table, 0) * 1e3:8.1f} ms")
-    print(f"  summarize            {_best_of(3, summarize, table) * 1e3:8.1f} ms")
+    for key, label, fn, fn_args in (
+        ("union_ms", "union of all spans", union, (table["start_ns"], table["end_ns"])),
+        ("gap_causes_ms", "gap_causes", gap_causes, (table,)),
+        ("state_segments_ms", "state_segments(0)", state_segments, (table, 0)),
+        ("summarize_ms", "summarize", summarize, (table,)),
+    ):
+        results[key] = _best_of(3, fn, *fn_args) * 1e3
+        print(f"  {label:<20} {results[key]:8.1f} ms")
     one_device = random_table(n, devices=1)
-    print(f"  summarize, 1 device  {_best_of(3, summarize, one_device) * 1e3:8.1f} ms")
+    results["summarize_one_device_ms"] = _best_of(3, summarize, one_device) * 1e3
+    print(f"  summarize, 1 device  {results['summarize_one_device_ms']:8.1f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ a 2-core machine), for both the plain and the gzip-compressed file, and our own 
 The file is written the way Kineto writes one: per training op a ``cpu_op`` range holding a ``cuda_runtime`` launch,
 the kernel or copy it enqueued on one of four streams (``args.device`` / ``stream`` / ``correlation``, grid and block),
 and the ``ac2g`` flow pair between them; python_function events too, which the loader skips.
-Run from the repository root: ``python benchmarks/bench_load_trace.py [events] [--keep DIR]``.
+Run from the repository root: ``python benchmarks/bench_load_trace.py [events] [--keep DIR] [--json out.json]``.
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("events", nargs="?", type=int, default=70_000)
     parser.add_argument("--keep", help="write the files to this folder (default: a temporary one)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", help="also write the results here")
     opts = parser.parse_args()
     folder = opts.keep or tempfile.mkdtemp(prefix="gpuwb-bench-")
     os.makedirs(folder, exist_ok=True)
@@ -116,6 +117,14 @@ def main() -> None:
     sizes = f"{os.path.getsize(plain) / 1e6:.1f} MB ({os.path.getsize(packed) / 1e6:.1f} MB gzip-compressed)"
     print(f"{len(doc['traceEvents'])} events, {sizes}")
     print(f"CPU cores: {os.cpu_count()}")
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu_cores": os.cpu_count(),
+        "events": len(doc["traceEvents"]),
+        "json_mb": os.path.getsize(plain) / 1e6,
+        "json_gz_mb": os.path.getsize(packed) / 1e6,
+        "repeat": opts.repeat,
+    }
     for label, path in (("json", plain), ("json.gz", packed)):
         best = min((timed(path) for _ in range(opts.repeat)), key=lambda r: r[0] + r[1])
         load_s, summary_s, trace = best
@@ -123,10 +132,15 @@ def main() -> None:
             f"{label:8} load {load_s:.3f} s + summary {summary_s:.3f} s = {load_s + summary_s:.3f} s "
             f"(best of {opts.repeat}; {len(trace)} spans)"
         )
+        results[label] = {"load_s": load_s, "summary_s": summary_s, "spans": len(trace)}
     own = os.path.join(folder, "own.json.gz")
     trace.to_chrome_trace(own)
     load_s, summary_s, again = min((timed(own) for _ in range(opts.repeat)), key=lambda r: r[0] + r[1])
     print(f"own export of it: load {load_s:.3f} s + summary {summary_s:.3f} s ({len(again)} spans)")
+    results["own_export"] = {"load_s": load_s, "summary_s": summary_s, "spans": len(again)}
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

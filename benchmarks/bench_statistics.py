@@ -2,11 +2,14 @@
 
 The tables must stay interactive on long traces: 10^6 spans (kernels of 200 names with long C++ names, copies of
 both directions and memory kinds, memsets, API calls) should take well under 2 s on a 2-core machine.
-Run from the repository root: ``python benchmarks/bench_statistics.py [n_spans] [repeats]``.
+Run from the repository root: ``python benchmarks/bench_statistics.py [n_spans] [repeats] [--json out.json]``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,7 +47,7 @@ def random_table(n: int, names: int = 200, streams: int = 8, devices: int = 2, s
     return table
 
 
-def _time(label: str, n: int, repeats: int, kernels_only: bool = False) -> None:
+def _time(label: str, n: int, repeats: int, kernels_only: bool = False) -> dict:
     """Best and worst of ``repeats``, each on a fresh table (so that no string hash is cached from a previous run)."""
     times = []
     for seed in range(repeats):
@@ -55,14 +58,23 @@ def _time(label: str, n: int, repeats: int, kernels_only: bool = False) -> None:
         stats = statistics(table)
         times.append(time.perf_counter() - t0)
     print(f"{label} ({n:,} spans): best {min(times):.3f} s, worst {max(times):.3f} s of {repeats}  {stats!r}")
+    return {"best_s": min(times), "worst_s": max(times), "repeats": repeats}
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
-    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("n_spans", nargs="?", type=int, default=1_000_000)
+    parser.add_argument("repeats", nargs="?", type=int, default=3)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    n, repeats = args.n_spans, args.repeats
     statistics(random_table(1000))  # pandas' import (~0.3 s, once per process) is not the tables' time
-    _time("mixed trace", n, repeats)
-    _time("every span a kernel", n, repeats, kernels_only=True)
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "cpu_cores": os.cpu_count(), "spans": n}
+    results["mixed"] = _time("mixed trace", n, repeats)
+    results["kernels_only"] = _time("every span a kernel", n, repeats, kernels_only=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

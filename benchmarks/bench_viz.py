@@ -4,7 +4,7 @@ Targets (issue 3): the timeline builds in ≤ 1 s; a ``Live`` dashboard followin
 slows the producer by ≤ 5 %. The producer is a loop on the CPU backend: one small traced op per iteration plus about
 1 ms of pure-Python host work (the GIL-bound worst case for a background thread), traced in both runs.
 
-Run from the repository root: ``python benchmarks/bench_viz.py [--kernel] [--seconds S] [--repeats N]``. With
+Run from the repository root: ``python benchmarks/bench_viz.py [--kernel] [--seconds S] [--repeats N] [--json F]``. With
 ``--kernel`` the live measurement runs inside a real IPython kernel (started with jupyter_client), so every push
 really leaves through IOPub as comm messages, as in a notebook, and the messages are counted.
 """
@@ -12,6 +12,8 @@ really leaves through IOPub as comm messages, as in a notebook, and the messages
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -22,8 +24,9 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def bench_timeline(n: int = 100_000, repeats: int = 5) -> None:
-    """Print the time to build an ``n``-span timeline (best and median) and to serialise it with inline BokehJS."""
+def bench_timeline(n: int = 100_000, repeats: int = 5) -> dict[str, float]:
+    """Print (and return) the time to build an ``n``-span timeline (best and median) and to serialise it with inline
+    BokehJS."""
     from bench_analysis import random_table
     from bokeh.embed import file_html
     from bokeh.resources import INLINE
@@ -44,6 +47,13 @@ def bench_timeline(n: int = 100_000, repeats: int = 5) -> None:
         f"{min(times) * 1e3:.0f} ms, median {statistics.median(times) * 1e3:.0f} ms (target ≤ 1000 ms); "
         f"file_html with inline BokehJS {serialise:.2f} s, {len(html) / 1e6:.1f} MB"
     )
+    return {
+        "spans": n,
+        "build_best_ms": min(times) * 1e3,
+        "build_median_ms": statistics.median(times) * 1e3,
+        "file_html_s": serialise,
+        "file_html_mb": len(html) / 1e6,
+    }
 
 
 def _work(count: int) -> int:
@@ -185,9 +195,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--rate", type=float, default=10.0, help="dashboard pushes per second at most")
     parser.add_argument("--kernel", action="store_true", help="also measure inside a real IPython kernel")
+    parser.add_argument("--json", help="also write the timeline and live-dashboard results here")
     args = parser.parse_args()
-    bench_timeline(args.spans)
-    bench_live(args.seconds, args.repeats, args.rate)
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "cpu_cores": os.cpu_count()}
+    results["timeline"] = bench_timeline(args.spans)
+    results["live"] = bench_live(args.seconds, args.repeats, args.rate)
+    results["live"].update(seconds=args.seconds, pairs=args.repeats, rate_hz=args.rate)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
     if args.kernel:
         bench_live_in_kernel(args.seconds, args.repeats, args.rate)
 

@@ -4,7 +4,7 @@ Runs spin kernels of known length, pinned and pageable H2D copies, a D2H, a D2D 
 streams, tags each with an external id, polls ``flush()`` from a background thread without synchronizing, then
 prints every record and checks durations, overlap, pinned flags and id joins. Also: launch cost untraced / traced /
 traced while flushing, the cost of one flush of 4 000 kernel records, the record layouts (cupti-python dtypes against
-CUPTI's own walk), and kernel names read after their module is released. Usage: python benchmarks/cupti_probe.py
+CUPTI's own walk), and kernel names read after their module is released. Usage: python benchmarks/probes/cupti_probe.py
 """
 
 from __future__ import annotations

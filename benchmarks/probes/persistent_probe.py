@@ -1,6 +1,6 @@
 """Which CUDA calls wait for a kernel that never ends: measured, so that persistent.py guards exactly those.
 
-Run on the GPU machine: ``python benchmarks/persistent_probe.py``; prints JSON. For each call, a spinning kernel
+Run on the GPU machine: ``python benchmarks/probes/persistent_probe.py``; prints JSON. For each call, a spinning kernel
 (polling a flag in mapped host memory) runs on its own non-blocking stream while another thread makes the call; if
 the call has not returned after 2 s it is marked as waiting, the flag is set so that the kernel exits, and the call
 is then seen to return. Nothing here can hang: every wait is bounded and the kernel is always released.

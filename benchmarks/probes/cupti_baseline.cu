@@ -1,4 +1,4 @@
-// CUPTI activity tracing from C++, no Python: the baseline for benchmarks/cupti_probe.py.
+// CUPTI activity tracing from C++, no Python: the baseline for benchmarks/probes/cupti_probe.py.
 // Launch cost of empty kernels untraced / traced / traced while another thread flushes every 3 ms, and the cost of
 // one non-forced flush. Build: nvcc -O2 -std=c++17 cupti_baseline.cu -I<cupti include> -L<cupti lib> -lcupti
 #include <cuda_runtime.h>
