@@ -25,7 +25,22 @@ from .kernels import ElementwiseKernel, Kernel, elementwise
 from .ops import LeastPending, OnStream, Op, Policy, RoundRobin
 from .persistent import PersistentKernel
 from .pipeline import Pipeline, PipelineRun
-from .pykernel import f32, f64, i32, i64, index, kernel, u32, width
+from .pykernel import (
+    barrier,
+    f32,
+    f64,
+    group_id,
+    group_size,
+    i32,
+    i64,
+    index,
+    kernel,
+    local_id,
+    num_groups,
+    shared,
+    u32,
+    width,
+)
 from .ranges import range
 from .streams import Event, Stream, StreamAssignment, StreamPool, StreamSet
 from .trace import cupti
@@ -93,19 +108,25 @@ __all__ = [
     "StreamSet",
     "Trace",
     "backend_status",
+    "barrier",
     "compare",
     "devices",
     "elementwise",
     "f32",
     "f64",
+    "group_id",
+    "group_size",
     "i32",
     "i64",
     "index",
     "kernel",
     "live",
     "load_trace",
+    "local_id",
+    "num_groups",
     "ops",
     "range",
+    "shared",
     "trace",
     "u32",
     "width",

@@ -16,7 +16,9 @@ from ._pykernel_translate import (
     NUMPY_NAMES,
     NUMPY_TYPES,
     Assign,
+    Barrier,
     Binary,
+    Builtin,
     Call,
     Cast,
     Compare,
@@ -31,9 +33,10 @@ from ._pykernel_translate import (
     Store,
     Unary,
     Var,
+    expr_children,
     walk_exprs,
 )
-from .errors import InvalidArgument
+from .errors import GpuError, InvalidArgument
 from .kernels import _C_TYPES
 
 _NAMES = {"f32": "float32", "f64": "float64", "i32": "int32", "u32": "uint32", "i64": "int64"}
@@ -42,6 +45,13 @@ C_TYPES = {
     for lang in ("cuda", "opencl")
 }
 WGSL_TYPES = {"f32": "f32", "i32": "i32", "u32": "u32", "bool": "bool", "isize": "i32"}
+_CUDA_BUILTINS = {"local_id": "threadIdx", "group_id": "blockIdx", "group_size": "blockDim", "num_groups": "gridDim"}
+_OPENCL_BUILTINS = {
+    "local_id": "get_local_id",
+    "group_id": "get_group_id",
+    "group_size": "get_local_size",
+    "num_groups": "get_num_groups",
+}
 
 
 def _float_text(value: float) -> str:
@@ -178,6 +188,10 @@ class _CSource:
             return f"{self.function(x.func, x.type)}({', '.join(_bare(self.e(a)) for a in x.args)})"
         if isinstance(x, Cast):
             return f"({self.types[x.type]}){self.atom(x.operand)}"
+        if isinstance(x, Builtin):
+            if self.dialect == "cuda":
+                return f"((int){_CUDA_BUILTINS[x.name]}.{'xy'[x.axis]})"
+            return f"((int){_OPENCL_BUILTINS[x.name]}({x.axis}))"
         raise AssertionError(x)
 
     # ------------------------------------------------------------------ statements
@@ -191,6 +205,8 @@ class _CSource:
                 out.append(f"{pad}{s.array.cname}[{_bare(self.e(s.index))}] = {_bare(self.e(s.value))};")
             elif isinstance(s, Return):
                 out.append(f"{pad}return;")
+            elif isinstance(s, Barrier):
+                out.append(pad + self.barrier())
             elif isinstance(s, If):
                 out.append(f"{pad}if ({_bare(self.e(s.cond))}) {{")
                 out += self.block(s.body, depth + 1)
@@ -234,6 +250,10 @@ class _CSource:
     def constant_decl(self, name: str, t: str, value: str) -> str:
         return f"const {self.types[t]} {name} = {value};"
 
+    def barrier(self) -> str:
+        """Every thread of the block waits; shared and global writes before it are visible to the block after it."""
+        return "__syncthreads();" if self.dialect == "cuda" else "barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);"
+
     def loop_decl(self, name: str, t: str) -> str:
         return f"{self.types[t]} {name}"
 
@@ -253,6 +273,9 @@ class _CSource:
                 params.append(f"const {ct} {p.cname}")
         params += [f"const int {d.name}" for d in ir.domain]
         lines = []
+        for p in ir.shared:  # at the kernel's outermost scope, as OpenCL C requires of __local variables
+            size = int(np.prod(p.shape))
+            lines.append(f"    {'__shared__' if cuda else '__local'} {self.types[p.type]} {p.cname}[{size}];")
         axes = "xyz"
         for axis, index in enumerate(ir.indices):
             where = (
@@ -261,8 +284,9 @@ class _CSource:
                 else f"get_global_id({axis})"
             )
             lines.append(f"    const int {index.name} = (int)({where});")
-        guard = " || ".join(f"{i.name} >= {d.name}" for i, d in zip(ir.indices, ir.domain))
-        lines.append(f"    if ({guard}) return;")
+        if not ir.cooperative:  # cooperative launches cover whole blocks exactly: every thread must reach the barriers
+            guard = " || ".join(f"{i.name} >= {d.name}" for i, d in zip(ir.indices, ir.domain))
+            lines.append(f"    if ({guard}) return;")
         for v in ir.locals:
             lines.append(f"    {self.types[v.type]} {v.name} = {self.const(0.0 if v.type in FLOATS else 0, v.type)};")
         lines += self.block(ir.body, 1)
@@ -331,11 +355,28 @@ class _WgslSource(_CSource):
             return f"select({self.e(x.b)}, {self.e(x.a)}, {self.e(x.cond)})"
         if isinstance(x, Call) and x.func == "log10":
             return f"(log({_bare(self.e(x.args[0]))}) * 0.4342944819032518f)"
+        if isinstance(x, Builtin):
+            return self.builtin(x)
         if isinstance(x, Cast):
             if self.types[x.type] == self.types[x.operand.type]:  # isize is i32 here
                 return self.e(x.operand)
             return f"{self.types[x.type]}({_bare(self.e(x.operand))})"
         return super().e(x)
+
+    def builtin(self, x: Builtin) -> str:
+        axis, size = "xy"[x.axis], self.block_shape[x.axis]
+        if x.name == "local_id":
+            return f"i32(gw_lid.{axis})"
+        if x.name == "group_size":
+            return f"{size}i"
+        if x.name == "num_groups":  # the launch's blocks (a 1-D grid may hold more, spilled into y: they return)
+            return f"(gw_args.{self.ir.domain[x.axis].name} / {size}i)"
+        if self.ir.ndim == 1:
+            return "i32(gw_wid.x + gw_wid.y * gw_groups.x)"
+        return f"i32(gw_wid.{axis})"
+
+    def barrier(self) -> str:
+        return "storageBarrier(); workgroupBarrier();"
 
     def constant_decl(self, name: str, t: str, value: str) -> str:
         return f"let {name} = {value};"
@@ -357,6 +398,7 @@ class _WgslSource(_CSource):
             for b, p in enumerate(arrays)
         ]
         decls.append(f"@group(0) @binding({len(arrays)}) var<uniform> gw_args: GwArgs;")
+        decls += [f"var<workgroup> {p.cname}: array<{self.types[p.type]}, {int(np.prod(p.shape))}>;" for p in ir.shared]
         size = ", ".join(str(b) for b in self.block_shape)
         lines = []
         if ir.ndim == 1:
@@ -365,8 +407,12 @@ class _WgslSource(_CSource):
             )
         else:
             lines += [f"    let {ir.indices[a].name} = i32(gw_id.{'xy'[a]});" for a in range(2)]
-        guard = " || ".join(f"{i.name} >= gw_args.{d.name}" for i, d in zip(ir.indices, ir.domain))
-        lines.append(f"    if ({guard}) {{ return; }}")
+        if not ir.cooperative:
+            guard = " || ".join(f"{i.name} >= gw_args.{d.name}" for i, d in zip(ir.indices, ir.domain))
+            lines.append(f"    if ({guard}) {{ return; }}")
+        elif ir.ndim == 1:  # whole workgroups past the launch (a grid spilled into y) leave together: uniform
+            group = self.builtin(Builtin("group_id", 0))
+            lines.append(f"    if ({group} * {self.block_shape[0]}i >= gw_args.gw_nx) {{ return; }}")
         used = {x.array.cname for x in walk_exprs(ir.body) if isinstance(x, Load)}
         used |= {p.cname for p in arrays if p.written}
         lines += [f"    _ = arrayLength(&{p.cname});" for p in arrays if p.cname not in used]  # keep it in the layout
@@ -375,6 +421,9 @@ class _WgslSource(_CSource):
                 f"    var {v.name}: {self.types[v.type]} = {self.const(0.0 if v.type in FLOATS else 0, v.type)};"
             )
         lines += self.block(ir.body, 1)
+        block_ids = ""
+        if ir.cooperative:
+            block_ids = ", @builtin(local_invocation_id) gw_lid: vec3<u32>, @builtin(workgroup_id) gw_wid: vec3<u32>"
         return "\n".join(
             [
                 f"// {ir.name}: generated by gpuworkbench from the Python kernel at {ir.where}",
@@ -384,7 +433,7 @@ class _WgslSource(_CSource):
                 "",
                 f"@compute @workgroup_size({size})",
                 f"fn {ir.cname}(@builtin(global_invocation_id) gw_id: vec3<u32>, "
-                f"@builtin(num_workgroups) gw_groups: vec3<u32>) {{",
+                f"@builtin(num_workgroups) gw_groups: vec3<u32>{block_ids}) {{",
                 *lines,
                 "}",
                 "",
@@ -408,6 +457,9 @@ def last(value: Any) -> Any:
     """The value the last lane stores when every lane writes one element: on a GPU some lane wins; here the last."""
     value = np.asarray(value)
     return value[-1] if value.ndim else value[()]
+
+
+_NUMPY_BUILTINS = {"local_id": "gw_l", "group_id": "gw_g", "group_size": "gw_b", "num_groups": "gw_ng"}
 
 
 def _np_type(t: str) -> str:
@@ -435,6 +487,26 @@ class _LoopReturn(Exception):
         self.line = line
 
 
+def run_block(threads: list) -> None:
+    """Run one block's threads (generators) phase by phase: each runs up to its next ``gw.barrier()`` (a ``yield``)
+    before any runs on, so what the block wrote before a barrier is what every thread reads after it."""
+    live = threads
+    while live:
+        waiting = []
+        for thread in live:
+            try:
+                next(thread)
+            except StopIteration:
+                continue
+            waiting.append(thread)
+        if waiting and len(waiting) != len(live):
+            raise GpuError(
+                f"{len(live) - len(waiting)} of {len(live)} threads of a block ended while the others wait at a "
+                "gw.barrier(): every thread of a block must reach the same barriers"
+            )
+        live = waiting
+
+
 def _first_return(stmts: list) -> int:
     """The line of the first return in ``stmts`` (0 when there is none)."""
     for s in stmts:
@@ -456,6 +528,7 @@ class _NumpySource:
 
     def __init__(self, ir: KernelIR) -> None:
         self.ir = ir
+        self.coop = ir.cooperative  # run block by block: builtins, shared arrays (one per block), barriers
         self.temps = 0
         self.uniform_locals: set[str] = set()
         self.vector = True
@@ -476,7 +549,11 @@ class _NumpySource:
         """True when ``x`` has one value for every index (it reads no index, no per-index local)."""
         if isinstance(x, Var):
             return x.role in ("scalar", "domain", "loop") or (x.role == "local" and x.name in self.uniform_locals)
-        return all(self.uniform(c) for c in _children(x))
+        if isinstance(x, Builtin):
+            return x.name in ("group_size", "num_groups")
+        if isinstance(x, Load) and x.array.kind == "shared":
+            return False  # one array per block
+        return all(self.uniform(c) for c in expr_children(x))
 
     def find_uniform_locals(self) -> None:
         self.uniform_locals = {v.name for v in self.ir.locals}
@@ -538,8 +615,13 @@ class _NumpySource:
         if isinstance(x, Var):
             lane_var = self.vector and x.role in ("index", "local") and x.name not in self.uniform_locals
             return f"{x.name}[{lanes}]" if lane_var and lanes else x.name
+        if isinstance(x, Builtin):
+            name = _NUMPY_BUILTINS[x.name] + "xy"[x.axis]
+            return f"{name}[{lanes}]" if self.vector and lanes and x.name in ("local_id", "group_id") else name
         if isinstance(x, Load):
             index = _bare(self.e(x.index, lanes, spec))
+            if self.vector and x.array.kind == "shared":
+                index = self.shared_index(x.array, x.index, lanes, spec)
             if self.vector and spec:  # a where branch reads for every lane: keep the reads inside the array
                 return f"{x.array.cname}.take({index}, mode='clip')"
             return f"{x.array.cname}[{index}]"
@@ -581,12 +663,23 @@ class _NumpySource:
             return f"{_np_type(x.type)}({_bare(self.e(x.operand, lanes, spec))})"
         raise AssertionError(x)
 
+    def shared_index(self, array: Any, index: Expr, lanes: str | None, spec: bool) -> str:
+        """The element of each lane's own block's copy of a shared array (they lie one after another)."""
+        block = f"gw_blk[{lanes}]" if lanes else "gw_blk"
+        text = self.e(index, lanes, spec)
+        return f"{block} * {int(np.prod(array.shape))} + {f'({text})' if self.infix(index) else text}"
+
     # ------------------------------------------------------------------ statements
     def block(self, stmts: list, depth: int, lanes: str | None) -> list[str]:
         pad = "    " * depth
         out: list[str] = []
         for s in stmts:
-            if isinstance(s, Assign):
+            if isinstance(s, Barrier):  # vectorised, every lane has run every statement above: nothing to wait for
+                out.append(f"{pad}{'pass  # gw.barrier()' if self.vector else 'yield  # gw.barrier()'}")
+            elif isinstance(s, Store) and self.vector and s.array.kind == "shared":
+                index = self.shared_index(s.array, s.index, lanes, False)
+                out.append(f"{pad}{s.array.cname}[{index}] = {_bare(self.e(s.value, lanes))}")
+            elif isinstance(s, Assign):
                 value = _bare(self.e(s.value, lanes))
                 if self.vector and s.var.name not in self.uniform_locals:
                     out.append(f"{pad}{s.var.name}[{lanes or ':'}] = {value}")
@@ -637,7 +730,7 @@ class _NumpySource:
     # ------------------------------------------------------------------ the function
     def source(self) -> str:
         ir = self.ir
-        names = [p.cname for p in ir.arguments] + [d.name for d in ir.domain]
+        names = [p.cname for p in ir.arguments] + [d.name for d in ir.domain] + (["block"] if self.coop else [])
         zero = {v.name: self.const(0.0 if v.type in FLOATS else 0, v.type) for v in ir.locals}
         head = [
             f"# {ir.name}: generated by gpuworkbench from the Python kernel at {ir.where}",
@@ -649,6 +742,11 @@ class _NumpySource:
             f"def {ir.cname}({', '.join(names)}):",
         ]
         indices = [i.name for i in ir.indices]
+        axes = "xy"[: ir.ndim]
+        blocks = [
+            f"    gw_b{a}, gw_ng{a} = np.int32(block[{k}]), np.int32({d.name} // block[{k}])"
+            for k, (a, d) in enumerate(zip(axes, ir.domain))
+        ]
         if self.vector:
             lines = ["    with np.errstate(all='ignore'):"]
             if ir.ndim == 1:
@@ -657,6 +755,20 @@ class _NumpySource:
                 lines.append(
                     f"        {indices[1]}, {indices[0]} = np.indices((gw_ny, gw_nx), dtype=np.int32).reshape(2, -1)"
                 )
+            if self.coop:  # every lane's block and place in it; shared arrays hold one copy per block
+                lines += ["    " + b for b in blocks]
+                lines += [f"        gw_l{a}, gw_g{a} = {i} % gw_b{a}, {i} // gw_b{a}" for a, i in zip(axes, indices)]
+                if ir.ndim == 1:
+                    lines += ["        gw_blk = gw_gx.astype(np.int64)", "        gw_nblk = int(gw_ngx)"]
+                else:
+                    lines += [
+                        "        gw_blk = gw_gy.astype(np.int64) * int(gw_ngx) + gw_gx",
+                        "        gw_nblk = int(gw_ngx) * int(gw_ngy)",
+                    ]
+                lines += [
+                    f"        {p.cname} = np.zeros(gw_nblk * {int(np.prod(p.shape))}, dtype={_np_type(p.type)})"
+                    for p in ir.shared
+                ]
             for v in ir.locals:
                 if v.name in self.uniform_locals:
                     lines.append(f"        {v.name} = {zero[v.name]}")
@@ -664,6 +776,8 @@ class _NumpySource:
                     lines.append(f"        {v.name} = np.zeros({indices[0]}.size, dtype={_np_type(v.type)})")
             lines += self.block(self.body, 2, None) or ["        pass"]
             return "\n".join([*head, *lines, ""])
+        if self.coop:
+            return "\n".join([*head, *blocks, *self.block_loop(zero, indices, axes), ""])
         lines = [f"    def gw_thread({', '.join(indices)}):"]
         lines += [f"        {v.name} = {zero[v.name]}" for v in ir.locals]
         lines += self.block(self.body, 2, None) or ["        pass"]
@@ -678,27 +792,38 @@ class _NumpySource:
             ]
         return "\n".join([*head, *lines, ""])
 
+    def block_loop(self, zero: dict[str, str], indices: list[str], axes: str) -> list[str]:
+        """Blocks one after another; in each, its threads as generators stepped from barrier to barrier."""
+        ir = self.ir
+        shared = [p.cname for p in ir.shared]
+        params = [*indices, *(f"gw_l{a}" for a in axes), *(f"gw_g{a}" for a in axes), *shared]
+        lines = [f"    def gw_thread({', '.join(params)}):"]
+        lines += [f"        {v.name} = {zero[v.name]}" for v in ir.locals]
+        lines += self.block(self.body, 2, None)
+        lines += ["        return", "        yield  # a generator: each gw.barrier() is a yield"]
+        lines.append("    with np.errstate(all='ignore'):")
+        pad = "        "
+        for a in reversed(axes):  # y outside x
+            lines.append(f"{pad}for gw_p{a} in range(int(gw_ng{a})):")
+            pad += "    "
+        lines += [f"{pad}{p.cname} = np.zeros({int(np.prod(p.shape))}, dtype={_np_type(p.type)})" for p in ir.shared]
+        args = [
+            *(f"np.int32(gw_p{a} * gw_b{a} + gw_t{a})" for a in axes),
+            *(f"np.int32(gw_t{a})" for a in axes),
+            *(f"np.int32(gw_p{a})" for a in axes),
+            *shared,
+        ]
+        loops = " ".join(f"for gw_t{a} in range(int(gw_b{a}))" for a in reversed(axes))
+        lines.append(f"{pad}gw_rt.run_block([gw_thread({', '.join(args)}) {loops}])")
+        return lines
+
     @property
     def strategy(self) -> str:
         if self.vector:
             return "vectorised: each statement runs for every index at once"
+        if self.coop:
+            return f"loop: block by block, each thread up to each barrier in turn, because of {self.reason}"
         return f"loop: one index at a time, because of {self.reason}"
-
-
-def _children(x: Expr) -> list:
-    if isinstance(x, (Const, Var)):
-        return []
-    if isinstance(x, Load):
-        return [x.index]
-    if isinstance(x, (Unary, Cast)):
-        return [x.operand]
-    if isinstance(x, (Binary, Compare)):
-        return [x.left, x.right]
-    if isinstance(x, Select):
-        return [x.cond, x.a, x.b]
-    if isinstance(x, Call):
-        return list(x.args)
-    raise AssertionError(x)
 
 
 def numpy_source(ir: KernelIR) -> tuple[str, bool, str]:

@@ -103,6 +103,48 @@ SCALAR_TYPES = {
 }  # fmt: skip
 FLOATS = ("f32", "f64")
 INTS = ("i32", "u32", "i64")
+
+
+# ------------------------------------------------------------------------------------- cooperative kernels' words
+def _kernel_only(what: str) -> NoReturn:
+    raise InvalidArgument(f"gw.{what}() is kernel language: it works inside a @gw.kernel body, not in plain Python")
+
+
+def shared(shape: int | tuple[int, ...], dtype: Any = "float32") -> Any:
+    """``tile = gw.shared((16, 16), gw.f32)`` in a kernel body: an array every thread of a block shares.
+
+    The shape is 1 or 2 constant ints, fixed when the kernel is decorated; ``dtype`` a kernel type (``gw.f32``) or its
+    NumPy name. Declared at the top level of the body; its contents start undefined (write before reading)."""
+    _kernel_only("shared")
+
+
+def barrier() -> None:
+    """``gw.barrier()`` in a kernel body: every thread of the block waits here; what the block wrote before it
+    (shared and global arrays) is what its threads read after it. Every thread must reach the same barriers."""
+    _kernel_only("barrier")
+
+
+def local_id(axis: int = 0) -> int:
+    """The thread's index within its block along ``axis`` (0: x, along a row; 1: y), from 0 to group_size - 1."""
+    _kernel_only("local_id")
+
+
+def group_id(axis: int = 0) -> int:
+    """The block's index along ``axis``: the thread's index is group_id(a) * group_size(a) + local_id(a)."""
+    _kernel_only("group_id")
+
+
+def group_size(axis: int = 0) -> int:
+    """Threads per block along ``axis``: the launch's block."""
+    _kernel_only("group_size")
+
+
+def num_groups(axis: int = 0) -> int:
+    """Blocks in the launch along ``axis``."""
+    _kernel_only("num_groups")
+
+
+_BUILTINS = {id(f): f.__name__ for f in (local_id, group_id, group_size, num_groups)}
 # "isize" is the flat element offset into an array: 64-bit in C and NumPy, i32 in WGSL (which has nothing wider).
 NUMPY_TYPES = {"f32": "float32", "f64": "float64", "i32": "int32", "u32": "uint32", "i64": "int64", "bool": "bool",
                "isize": "int64"}  # fmt: skip
@@ -117,12 +159,13 @@ class Param:
 
     name: str
     cname: str
-    kind: str  # "index", "scalar" or "array"
+    kind: str  # "index", "scalar", "array", or "shared" (a workgroup-shared array declared in the body)
     type: str  # element or scalar type; "i32" for the index
     annotation: Any
     ndim: int = 0
     width: str | None = None  # 2-D arrays: the cname of the scalar giving the row width (None: the launch width)
     written: bool = False
+    shape: tuple[int, ...] = ()  # shared arrays (kind "shared"): their static shape
 
 
 @dataclass(eq=False)
@@ -189,7 +232,16 @@ class Cast:
     type: str
 
 
-Expr = Const | Var | Load | Unary | Binary | Compare | Select | Call | Cast
+@dataclass(eq=False)
+class Builtin:
+    """A thread's place in its block: ``local_id``, ``group_id``, ``group_size`` or ``num_groups`` along ``axis``."""
+
+    name: str
+    axis: int  # 0: x (along a row), 1: y
+    type: str = "i32"
+
+
+Expr = Const | Var | Load | Unary | Binary | Compare | Select | Call | Cast | Builtin
 
 
 @dataclass(eq=False)
@@ -231,6 +283,13 @@ class Return:
 
 
 @dataclass(eq=False)
+class Barrier:
+    """``gw.barrier()``: every thread of the block waits here; writes before it are seen by the block after it."""
+
+    line: int
+
+
+@dataclass(eq=False)
 class KernelIR:
     """A translated kernel: parameters in order, index and domain variables, hoisted locals and the body."""
 
@@ -244,10 +303,24 @@ class KernelIR:
     where: str  # "file.py:12"
     default_float: str
     types_used: set[str] = field(default_factory=set)
+    shared: list[Param] = field(default_factory=list)  # workgroup-shared arrays, in declaration order
+    uses_barrier: bool = False
+    uses_builtins: bool = False  # local_id, group_id, group_size or num_groups
 
     @property
     def ndim(self) -> int:
         return len(self.indices)
+
+    @property
+    def cooperative(self) -> bool:
+        """Whether threads work together in blocks (shared arrays, barriers, block indices): launches then need
+        shapes that are a multiple of the block, and the CPU runs the kernel block by block."""
+        return bool(self.shared) or self.uses_barrier or self.uses_builtins
+
+    @property
+    def shared_bytes(self) -> int:
+        """Bytes of workgroup-shared memory one block holds."""
+        return sum(int(np.prod(p.shape)) * np.dtype(NUMPY_TYPES[p.type]).itemsize for p in self.shared)
 
     @property
     def arguments(self) -> list[Param]:
@@ -325,8 +398,11 @@ _WGSL_WORDS = """abstract active alias alignas alignof array arrayLength as asm 
     texture_storage_2d_array texture_storage_3d this thread_local throw trait true try type typedef typeid
     typename typeof u32 u64 uniform union unless unorm unsafe unsized use using var varying vec2 vec3 vec4
     virtual volatile wgsl where while with workgroup workgroupBarrier writeonly yield"""
-_CALLED = ("fmin", "fmax", "fabs", "fmod", "clamp", "np", "numpy", "range", "isinf", "isnan", "round", "rsqrt")
+_CALLED = ("fmin", "fmax", "fabs", "fmod", "clamp", "np", "numpy", "range", "isinf", "isnan", "round", "rsqrt",
+           "barrier", "grid", "block", "get_local_id", "get_group_id", "get_local_size", "get_num_groups",
+           "workgroupBarrier", "storageBarrier")  # fmt: skip
 RESERVED = {
+    "_",  # WGSL's placeholder (_ = e), not a name
     *_C_WORDS.split(),
     *_WGSL_WORDS.split(),
     *_CALLED,
@@ -350,7 +426,7 @@ def walk_exprs(node: Any) -> Any:
         for s in node:
             yield from walk_exprs(s)
         return
-    if isinstance(node, (Const, Var, Load, Unary, Binary, Compare, Select, Call, Cast)):
+    if isinstance(node, (Const, Var, Load, Unary, Binary, Compare, Select, Call, Cast, Builtin)):
         yield node
     children = {
         Load: ("index",),
@@ -369,6 +445,110 @@ def walk_exprs(node: Any) -> Any:
     if isinstance(node, Call):
         for a in node.args:
             yield from walk_exprs(a)
+
+
+def expr_children(x: Expr) -> list:
+    """The operands of one expression (none for literals, variables and builtins)."""
+    if isinstance(x, (Const, Var, Builtin)):
+        return []
+    if isinstance(x, Load):
+        return [x.index]
+    if isinstance(x, (Unary, Cast)):
+        return [x.operand]
+    if isinstance(x, (Binary, Compare)):
+        return [x.left, x.right]
+    if isinstance(x, Select):
+        return [x.cond, x.a, x.b]
+    if isinstance(x, Call):
+        return list(x.args)
+    raise AssertionError(x)
+
+
+def has_barrier(stmts: list) -> int:
+    """The line of the first barrier in ``stmts`` (0 when there is none)."""
+    for s in stmts:
+        if isinstance(s, Barrier):
+            return s.line
+        inner = s.body + s.orelse if isinstance(s, If) else s.body if isinstance(s, For) else []
+        line = has_barrier(inner)
+        if line:
+            return line
+    return 0
+
+
+class _Divergence:
+    """Refuses barriers that some threads of a block might not reach: under an ``if`` or in a loop whose condition or
+    range depends on the thread (its index, ``local_id``, array contents, or locals computed from them), or after a
+    ``return`` that only some threads take. A GPU hangs or computes garbage there; WGSL refuses it outright."""
+
+    WHY = "every thread of a block must reach the same barriers"
+
+    def __init__(self, translator: _Translator) -> None:
+        self.tr = translator
+        self.varying_vars: set[int] = set()  # id() of locals and loop variables that may differ between threads
+        self.returned = 0  # line of a return that only some threads took, once the walk has passed one
+
+    def varying(self, x: Expr) -> bool:
+        if isinstance(x, Var):
+            return x.role == "index" or id(x) in self.varying_vars
+        if isinstance(x, Builtin):
+            return x.name == "local_id"
+        if isinstance(x, Load):
+            return True  # array contents may differ between threads (and WGSL counts every storage read so)
+        return any(self.varying(c) for c in expr_children(x))
+
+    def mark(self, stmts: list, divergent: bool) -> bool:
+        changed = False
+        for s in stmts:
+            if isinstance(s, Assign):
+                if id(s.var) not in self.varying_vars and (divergent or self.varying(s.value)):
+                    self.varying_vars.add(id(s.var))
+                    changed = True
+            elif isinstance(s, If):
+                inner = divergent or self.varying(s.cond)
+                changed |= self.mark(s.body, inner)
+                changed |= self.mark(s.orelse, inner)
+            elif isinstance(s, For):
+                inner = divergent or any(self.varying(e) for e in (s.start, s.stop, s.step))
+                if inner and id(s.var) not in self.varying_vars:
+                    self.varying_vars.add(id(s.var))
+                    changed = True
+                changed |= self.mark(s.body, inner)
+        return changed
+
+    def check(self, body: list) -> None:
+        while self.mark(body, False):
+            pass
+        self.walk(body, [])
+
+    def walk(self, stmts: list, where: list[str]) -> None:
+        for s in stmts:
+            if isinstance(s, Barrier):
+                if where:
+                    self.tr.fail_line(s.line, f"gw.barrier() {where[-1]} depends on the thread: {self.WHY}")
+                if self.returned:
+                    self.tr.fail_line(
+                        s.line,
+                        f"gw.barrier() after a return that only some threads take (line {self.returned}): "
+                        f"{self.WHY}; guard the work with if instead of returning",
+                    )
+            elif isinstance(s, Return) and where:
+                self.returned = self.returned or s.line
+            elif isinstance(s, If):
+                inner = [*where, f"under the if at line {s.line}, whose condition"] if self.varying(s.cond) else where
+                self.walk(s.body, inner)
+                self.walk(s.orelse, inner)
+            elif isinstance(s, For):
+                varies = any(self.varying(e) for e in (s.start, s.stop, s.step))
+                inner = [*where, f"in the loop at line {s.line}, whose range"] if varies else where
+                before = self.returned
+                self.walk(s.body, inner)
+                if self.returned and not before and has_barrier(s.body):  # the next iteration's barriers
+                    self.tr.fail_line(
+                        has_barrier(s.body),
+                        f"gw.barrier() in a loop with a return that only some threads take (line {self.returned}): "
+                        f"{self.WHY}; guard the work with if instead of returning",
+                    )
 
 
 # --------------------------------------------------------------------------------------------------- the translator
@@ -418,10 +598,17 @@ class _Translator:
         loops = [n for n in ast.walk(node) if isinstance(n, ast.For)]
         self.loop_names = {n.target.id for n in loops if isinstance(n.target, ast.Name)}
         self.default_float = "f32"
+        self.depth = 0  # statements nested in if / for: shared arrays are declared at depth 0
+        self.shared: list[Param] = []
+        self.uses_barrier = self.uses_builtins = False
 
     # ------------------------------------------------------------------ errors
     def line_of(self, node: ast.AST) -> int:
         return self.first_line + getattr(node, "lineno", 1) - 1 - self.shift
+
+    def fail_line(self, line: int, message: str) -> NoReturn:
+        """``fail`` at a line of the function (as ``line_of`` numbers it) rather than at an AST node."""
+        self.fail(types.SimpleNamespace(lineno=line - self.first_line + 1 + self.shift), message)
 
     def where(self, node: ast.AST) -> str:
         return f"{self.filename}:{self.line_of(node)}"
@@ -429,7 +616,10 @@ class _Translator:
     def fail(self, node: ast.AST, message: str) -> NoReturn:
         row = getattr(node, "lineno", 1) - self.shift
         text = self.lines[row - 1].rstrip("\n") if 0 < row <= len(self.lines) else ""
-        caret = " " * getattr(node, "col_offset", 0) + "^"
+        column = getattr(node, "col_offset", None)
+        if column is None:  # a line of the tree (no AST node): point at the statement's first character
+            column = len(text) - len(text.lstrip())
+        caret = " " * column + "^"
         error = CompileError(self.name, f"{self.where(node)}: {message}\n{text}\n{caret}")
         error.filename = self.filename  # type: ignore[attr-defined]
         error.lineno = self.line_of(node)  # type: ignore[attr-defined]
@@ -762,7 +952,8 @@ class _Translator:
     def element(self, node: ast.Subscript) -> tuple[Param, Expr]:
         """The array and the flat element offset of ``a[i]`` or ``a[row, col]``."""
         if not isinstance(node.value, ast.Name) or node.value.id not in self.arrays:
-            self.fail(node, f"{ast.unparse(node.value)!r} is not an array parameter; only array parameters are indexed")
+            what = ast.unparse(node.value)
+            self.fail(node, f"{what!r} is not an array; only array parameters and shared arrays are indexed")
         array = self.arrays[node.value.id]
         items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
         if any(isinstance(s, ast.Slice) for s in items):
@@ -782,11 +973,12 @@ class _Translator:
         return self.cast(e, self.concrete(e.type), node)
 
     def flat(self, array: Param, row: Expr, col: Expr, node: ast.AST) -> Expr:
-        width: Expr = (
-            self.domain_var(0)
-            if array.width is None
-            else next(self.vars[p.name] for p in self.params if p.cname == array.width)
-        )
+        if array.kind == "shared":
+            width: Expr = Const(array.shape[1], "int")
+        elif array.width is None:
+            width = self.domain_var(0)
+        else:
+            width = next(self.vars[p.name] for p in self.params if p.cname == array.width)
         row, width, col = (self.cast(e, "isize", node) for e in (row, width, col))
         return Binary("+", Binary("*", row, width, "isize"), col, "isize")
 
@@ -802,7 +994,16 @@ class _Translator:
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in self.arrays:
             if func.attr != "at":
                 self.fail(node, f"arrays have one method, at(dx, dy) (a clamped neighbour read), not {func.attr!r}")
+            if self.arrays[func.value.id].kind == "shared":
+                self.fail(node, "at() reads array parameters of the launch shape, not shared arrays")
             return self.neighbour(self.arrays[func.value.id], node)
+        obj = self.resolve(func)
+        if id(obj) in _BUILTINS and obj is not _MISSING:
+            return self.builtin(_BUILTINS[id(obj)], node)
+        if obj is shared:
+            self.fail(node, "gw.shared() declares an array on its own line at the top of the body: t = gw.shared(...)")
+        if obj is barrier:
+            self.fail(node, "gw.barrier() is a statement on its own line, not a value")
         callee = self.callee(func)
         if isinstance(callee, ScalarType) or callee in ("int", "float"):
             if len(node.args) != 1:
@@ -814,6 +1015,17 @@ class _Translator:
             self.fail(node, "range() may only be the iterable of a for loop")
         args = [self.numeric(self.expr(a), a) for a in node.args]
         return self.math(callee, args, node)
+
+    def builtin(self, name: str, node: ast.Call) -> Expr:
+        """``gw.local_id(axis)`` and friends: the axis is a constant, 0 (x) or 1 (y) in a 2-D kernel."""
+        n = len(self.indices)
+        if len(node.args) > 1:
+            self.fail(node, f"gw.{name}() takes one axis: 0 (x){' or 1 (y)' if n == 2 else ''}")
+        axis_e = self.expr(node.args[0]) if node.args else Const(0, "int")
+        if not (isinstance(axis_e, Const) and axis_e.type in ("int", *INTS) and 0 <= axis_e.value < n):
+            self.fail(node, f"gw.{name}(axis): in a {n}-D kernel the axis is {'0' if n == 1 else '0 (x) or 1 (y)'}")
+        self.uses_builtins = True
+        return Builtin(name, int(axis_e.value))
 
     def callee(self, func: ast.expr) -> Any:
         if isinstance(func, ast.Name) and (func.id in self.vars or func.id in self.assigned):
@@ -909,6 +1121,11 @@ class _Translator:
     def stmt_Expr(self, node: ast.Expr) -> list:
         if node is self.node.body[0] and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             return []  # the docstring
+        if isinstance(node.value, ast.Call) and self.resolve(node.value.func) is barrier:
+            if node.value.args or node.value.keywords:
+                self.fail(node.value, "gw.barrier() takes no arguments")
+            self.uses_barrier = True
+            return [Barrier(self.line_of(node))]
         if isinstance(node.value, ast.Call):
             self.expr(node.value)  # an unknown function is the better message
         self.fail(node, "this expression does nothing: a kernel's statements assign, store, branch or loop")
@@ -955,6 +1172,11 @@ class _Translator:
         if not isinstance(target, ast.Name):
             self.fail(target, f"cannot assign to {ast.unparse(target)!r}: assign a local name or an array element")
         name = target.id
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            if self.resolve(node.value.func) is shared:
+                return self.declare_shared(name, node.value, node)
+        if name in self.arrays and self.arrays[name].kind == "shared":
+            self.fail(target, f"shared array {name!r} is declared once; assign its elements: {name}[...] = v")
         if name in self.arrays or (name in self.vars and self.vars[name].role == "scalar"):
             self.fail(target, f"parameter {name!r} cannot be assigned: copy it into a local first")
         if name in self.vars and self.vars[name].role == "index":
@@ -980,6 +1202,59 @@ class _Translator:
             v = self.numeric(v, node)
         return [Assign(var, self.cast(v, var.type, node), line)]
 
+    def declare_shared(self, name: str, call: ast.Call, node: ast.stmt) -> list:
+        """``name = gw.shared(shape, dtype)``: a workgroup-shared array of constant shape, declared once at the top."""
+        if self.depth:
+            self.fail(node, "declare shared arrays at the top level of the kernel body, not inside if or for")
+        if name in self.arrays or name in self.vars:
+            self.fail(node.targets[0], f"{name!r} is already a parameter, a local or a shared array; use another name")
+        if name.startswith("gw_"):
+            self.fail(node.targets[0], f"{name!r}: names starting with gw_ are reserved for generated code")
+        keywords = {k.arg: k.value for k in call.keywords}
+        if set(keywords) - {"shape", "dtype"} or len(call.args) + len(keywords) not in (1, 2):
+            self.fail(call, "gw.shared(shape, dtype): a shape such as 256 or (16, 16) and a type such as gw.f32")
+        args = dict(zip(("shape", "dtype"), call.args)) | keywords
+        if len(args) != len(call.args) + len(keywords):
+            self.fail(call, "gw.shared() is given the same argument twice")
+        shape_node = args.get("shape")
+        if shape_node is None:
+            self.fail(call, "gw.shared() needs a shape such as 256 or (16, 16)")
+        items = shape_node.elts if isinstance(shape_node, ast.Tuple) else [shape_node]
+        shape = []
+        for item in items:
+            e = self.expr(item)
+            if not (isinstance(e, Const) and e.type in ("int", *INTS) and e.value > 0):
+                self.fail(item, "a shared array's shape is made of positive constant ints (numbers from outside too)")
+            shape.append(int(e.value))
+        if not 1 <= len(shape) <= 2:
+            self.fail(shape_node, "shared arrays have 1 or 2 dimensions")
+        if int(np.prod(shape)) >= 2**31:
+            self.fail(shape_node, f"shared array {name!r} of {shape} elements is far beyond any device")
+        dtype_node = args.get("dtype")
+        element = "f32" if dtype_node is None else self.shared_type(dtype_node)
+        cname = safe_name(name, self.taken)
+        p = Param(name, cname, "shared", element, f"gw.shared({tuple(shape)}, gw.{element})", len(shape), None)
+        p.shape = tuple(shape)
+        self.arrays[name] = p
+        self.shared.append(p)
+        return []
+
+    def shared_type(self, node: ast.expr) -> str:
+        """The element type named by ``gw.f32``, ``np.float32`` or ``"float32"`` / ``"f32"``."""
+        value = node.value if isinstance(node, ast.Constant) else self.resolve(node)
+        if isinstance(value, ScalarType):
+            return value.name
+        if isinstance(value, str) and value in SCALAR_TYPES:
+            return value
+        try:
+            dtype = np.dtype(value) if value is not _MISSING and not isinstance(value, bool) else None
+        except TypeError:
+            dtype = None
+        for t, s in SCALAR_TYPES.items():
+            if dtype is not None and dtype == s.dtype:
+                return t
+        self.fail(node, "a shared array's type is gw.f32, gw.f64, gw.i32, gw.u32 or gw.i64 (or their NumPy names)")
+
     def local_type(self, v: Expr) -> str:
         if v.type == "int" and isinstance(v, Const) and not -(2**31) <= v.value < 2**31:
             return "i64"
@@ -997,7 +1272,10 @@ class _Translator:
 
     def stmt_If(self, node: ast.If) -> list:
         cond = self.truth(self.expr(node.test), node.test)
-        return [If(cond, self.block(node.body), self.block(node.orelse), self.line_of(node))]
+        self.depth += 1
+        body, orelse = self.block(node.body), self.block(node.orelse)
+        self.depth -= 1
+        return [If(cond, body, orelse, self.line_of(node))]
 
     def stmt_For(self, node: ast.For) -> list:
         if node.orelse:
@@ -1033,7 +1311,9 @@ class _Translator:
             self.fail(it, "range() step must not be zero")
         var = Var(safe_name(name, self.taken), t, "loop")
         self.vars[name] = var
+        self.depth += 1
         body = self.block(node.body)
+        self.depth -= 1
         del self.vars[name]
         self.finished_loops.add(name)
         self.taken.discard(var.name)  # a later loop may use the name again: each loop scopes its own
@@ -1051,6 +1331,8 @@ class _Translator:
         self.taken.update(("gw_nx", "gw_ny"))
         self.domain = [Var(n, "i32", "domain") for n in ("gw_nx", "gw_ny")[: len(self.indices)]]
         body = self.block(self.node.body)
+        if self.uses_barrier:
+            _Divergence(self).check(body)
         ir = KernelIR(
             name=self.name,
             cname=safe_name(self.name, set(self.taken)),
@@ -1062,7 +1344,8 @@ class _Translator:
             where=self.where(self.node),
             default_float=self.default_float,
         )
-        ir.types_used = {e.type for e in walk_exprs(body)} | {p.type for p in self.params}
+        ir.types_used = {e.type for e in walk_exprs(body)} | {p.type for p in self.params + self.shared}
+        ir.shared, ir.uses_barrier, ir.uses_builtins = self.shared, self.uses_barrier, self.uses_builtins
         return ir
 
 

@@ -31,9 +31,45 @@ out of an integer's range converted to it): backends differ there.
 **Stencils**: ``a.at(dx, dy)`` reads the neighbour at an offset from the thread's own ``(x, y)`` in an array of the
 launch shape, clamped to the edges (the edge value repeats outwards, so any halo width works); ``a.at(dx)`` in 1-D.
 
+**Cooperative kernels** (tiled algorithms): the threads of a block (a workgroup) share arrays and wait for each
+other::
+
+    @gw.kernel(block=256)
+    def block_sum(i: gw.index, out: gw.f32[:], x: gw.f32[:], n: gw.i32):
+        part = gw.shared(256, gw.f32)            # one array per block, declared at the top of the body
+        lid = gw.local_id(0)
+        part[lid] = x[i] if i < n else 0.0
+        gw.barrier()                              # every thread of the block waits here
+        stride = 128
+        for k in range(8):
+            if lid < stride:
+                part[lid] += part[lid + stride]
+            gw.barrier()
+            stride //= 2
+        if lid == 0:
+            out[gw.group_id(0)] = part[0]
+
+    block_sum.launch(n_rounded_up_to_256, out, x, n)   # the launch covers whole blocks: a multiple of the block
+
+``gw.shared(shape, type)`` (shape: 1 or 2 constant ints, ``a[row, col]`` for 2-D; type ``gw.f32`` or a NumPy name)
+is CUDA's ``__shared__``, OpenCL's ``__local``, WGSL's ``var<workgroup>``; its contents start undefined (zero on the
+CPU and WebGPU). ``gw.barrier()`` is ``__syncthreads()`` / ``barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)`` /
+``workgroupBarrier()``: what the block wrote before it (shared and global) is what its threads read after it.
+``gw.local_id(axis)``, ``gw.group_id(axis)``, ``gw.group_size(axis)``, ``gw.num_groups(axis)`` give the thread's
+place (axis 0 is x, along a row, as the index ``x``; 1 is y): ``x == group_id(0) * group_size(0) + local_id(0)``.
+A kernel using any of them is *cooperative*: its launch shape must be a multiple of the block (each extent; the block
+comes from ``launch(block=)``, else ``@gw.kernel(block=)``, else 256 or 16 × 16), no thread is cut off by a bounds
+check of ours (guard the work with ``if`` yourself), and every thread of a block must reach the same barriers: a
+barrier under an ``if`` or in a loop whose condition or range depends on the thread (its index, ``local_id``, array
+contents), or after a ``return`` only some threads take, is refused at decoration. Blocks larger than the device runs
+(threads, or shared bytes) raise InvalidArgument before launching.
+
 **On the CPU** the body runs vectorised over the index (every statement once for all indices; an ``if`` splits them)
 unless a loop's range differs between indices or a return sits inside a loop: then it loops over the indices, slower.
-``k.cpu_strategy`` says which ("vectorised" or "loop") and ``k.cpu_strategy_reason`` why.
+``k.cpu_strategy`` says which ("vectorised" or "loop") and ``k.cpu_strategy_reason`` why. Cooperative kernels
+vectorised run every statement for every thread of every block before the next (barriers have nothing left to wait
+for; shared arrays hold one copy per block); in a loop they run block by block, each thread a generator stepped from
+barrier to barrier, so every thread of a block finishes a phase before any starts the next.
 
 Anything else (while, break, try, with, comprehensions, lambdas, calls to other functions, names that are not numbers)
 is refused when the function is decorated, with the file, line and source line. Annotations written as strings (``from
@@ -59,6 +95,12 @@ from ._pykernel_translate import (
     KernelIR,
     Param,
     ScalarType,
+    barrier,
+    group_id,
+    group_size,
+    local_id,
+    num_groups,
+    shared,
     translate,
 )
 from .buffer import Buffer
@@ -88,10 +130,15 @@ class PythonKernel:
     Compiles lazily, once per device (and per workgroup size on WebGPU), through ``Device.compile``; launches appear
     in traces under the function's name."""
 
-    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], name: str | None = None, block: Sequence[int] | int | None = None
+    ) -> None:
         self.ir: KernelIR = translate(fn, name)
         functools.update_wrapper(self, fn)  # __name__, __doc__, __wrapped__ as the function's
         self.name = self.ir.name
+        self.cooperative = self.ir.cooperative  # shared arrays, barriers or block indices: launches cover whole blocks
+        self.block: tuple[int, ...] = _BLOCK[self.ir.ndim]
+        self.block = self._block(block)  # the block launches use unless given one
         self._numpy, vectorised, reason = numpy_source(self.ir)
         self.cpu_strategy = "vectorised" if vectorised else "loop"
         self.cpu_strategy_reason = reason  # why the CPU backend loops over the index ("" when vectorised)
@@ -123,7 +170,7 @@ class PythonKernel:
             if language == "python":
                 src = self._numpy
             elif language == "wgsl":
-                src = wgsl_source(self.ir, key[1] or _BLOCK[self.ir.ndim])
+                src = wgsl_source(self.ir, key[1] or self.block)
             elif language in ("cuda", "opencl"):
                 src = c_source(self.ir, language)
             else:
@@ -137,7 +184,7 @@ class PythonKernel:
 
     def _block(self, block: Sequence[int] | int | None) -> tuple[int, ...]:
         if block is None:
-            return _BLOCK[self.ir.ndim]
+            return self.block
         dims = _dims(block, "block")
         if len(dims) != self.ir.ndim:
             raise InvalidArgument(
@@ -156,14 +203,26 @@ class PythonKernel:
     ) -> Event:
         """Run the body once per index of ``shape`` (``n``, or NumPy's ``(rows, cols)`` for 2-D) on ``stream``.
 
-        Grid and block are chosen for the device. Non-blocking; returns an Event."""
+        ``block`` (threads per block, x first) defaults to the kernel's; a cooperative kernel's ``shape`` must be a
+        multiple of it. Non-blocking; returns an Event."""
         dims = _shape(shape, self.ir.ndim, self.name)
         nx, ny = (dims[0], 1) if self.ir.ndim == 1 else (dims[1], dims[0])
+        threads = self._block(block)
+        if self.cooperative and (nx % threads[0] or (self.ir.ndim == 2 and ny % threads[1])):
+            spell = f"{nx}" if self.ir.ndim == 1 else f"{ny} × {nx} (rows × cols)"
+            block_spell = f"{threads[0]}" if self.ir.ndim == 1 else f"{threads[1]} × {threads[0]}"
+            up = f"{-(-nx // threads[0]) * threads[0]}"
+            if self.ir.ndim == 2:
+                up = f"({-(-ny // threads[1]) * threads[1]}, {up})"
+            raise InvalidArgument(
+                f"{self.name} is a cooperative kernel (shared arrays, barriers or block indices): its launch shape "
+                f"{spell} must be a multiple of the block {block_spell}; launch {up} and guard the extra threads "
+                f"with if"
+            )
         device, stream, values = self._prepare(args, stream, nx, ny)
         if nx * ny == 0:
             return stream.record()
         language = device.caps.kernel_language
-        threads = self._block(block)
         if language == "python":
             grid: tuple[int, ...] = (1,) * self.ir.ndim
         elif self.ir.ndim == 1:
@@ -204,9 +263,30 @@ class PythonKernel:
         nx: int,
         ny: int,
     ) -> Event:
+        self._check_block(device, block)
         kernel = self.compile(device, block)
         extents = [np.int32(nx), np.int32(ny)][: self.ir.ndim]
         return kernel(grid, block, [*values, *extents], stream=stream, name=self.name)
+
+    def _check_block(self, device: Device, block: tuple[int, ...]) -> None:
+        """InvalidArgument for a block larger than ``device`` runs: threads in all, per axis, shared bytes."""
+        limits = device._backend.kernel_limits()
+        threads = int(np.prod(block))
+        where = f"{device.spec} ({device.name})"
+        if threads > limits.threads:
+            raise InvalidArgument(
+                f"{self.name}: block {block} has {threads} threads; {where} runs at most {limits.threads} per block"
+            )
+        for axis, (b, most) in enumerate(zip(block, limits.dims)):
+            if b > most:
+                raise InvalidArgument(
+                    f"{self.name}: block {block} has {b} threads along {'xyz'[axis]}; {where} runs at most {most}"
+                )
+        if self.ir.shared_bytes > limits.shared_bytes:
+            raise InvalidArgument(
+                f"{self.name}: its shared arrays take {self.ir.shared_bytes} B per block; {where} has "
+                f"{limits.shared_bytes} B of shared memory per block"
+            )
 
     def _prepare(
         self, args: Sequence[Any], stream: Stream | None, nx: int, ny: int
@@ -282,13 +362,16 @@ def _scalar(value: Any, p: Param, name: str) -> Any:
     return dtype.type(value)
 
 
-def kernel(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
-    """Decorate a typed Python function to run it on every backend: ``@gw.kernel`` or ``@gw.kernel(name="k")``.
+def kernel(
+    fn: Callable[..., Any] | None = None, *, name: str | None = None, block: Sequence[int] | int | None = None
+) -> Any:
+    """Decorate a typed Python function to run it on every backend: ``@gw.kernel``, ``@gw.kernel(name="k")``, or
+    ``@gw.kernel(block=(16, 16))`` (the block its launches use unless given one).
 
     Translates (and checks) the function now; compiles per device on first launch."""
     if fn is None:
-        return lambda f: PythonKernel(f, name)
-    return PythonKernel(fn, name)
+        return lambda f: PythonKernel(f, name, block)
+    return PythonKernel(fn, name, block)
 
 
 __all__ = [
@@ -296,12 +379,18 @@ __all__ = [
     "IndexType",
     "PythonKernel",
     "ScalarType",
+    "barrier",
     "f32",
     "f64",
+    "group_id",
+    "group_size",
     "i32",
     "i64",
     "index",
     "kernel",
+    "local_id",
+    "num_groups",
+    "shared",
     "u32",
     "width",
 ]

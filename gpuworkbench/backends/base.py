@@ -47,6 +47,19 @@ class BufferArg(NamedTuple):
     length: int
 
 
+class KernelLimits(NamedTuple):
+    """How large a block (workgroup) a device runs: threads in all, threads along x, y, z, shared bytes per block."""
+
+    threads: int
+    dims: tuple[int, int, int]
+    shared_bytes: int
+
+
+#: What every CUDA GPU offers (static shared memory: 48 KiB); the CPU backend keeps to it so that kernels written and
+#: tried there also run on GPUs.
+PORTABLE_LIMITS = KernelLimits(1024, (1024, 1024, 64), 48 << 10)
+
+
 class ClockSample(NamedTuple):
     """One reading of the device clock and the host clock (``time.perf_counter_ns``) at the same moment."""
 
@@ -176,6 +189,10 @@ class BackendDevice(ABC):
         self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: Any, timed: bool
     ) -> Completion:
         """Enqueue a kernel; ``args`` holds BufferArg and NumPy scalars."""
+
+    def kernel_limits(self) -> KernelLimits:
+        """The largest block this device runs; launches past it are refused before they reach the driver."""
+        return PORTABLE_LIMITS
 
     @abstractmethod
     def clock_sample(self) -> ClockSample:

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import CompileError, InvalidArgument, OutOfMemory
 from .base import (
+    PORTABLE_LIMITS,
     Backend,
     BackendDevice,
     BufferArg,
@@ -32,6 +33,7 @@ from .base import (
     ClockSample,
     DeviceInfo,
     DoneCompletion,
+    KernelLimits,
     PinnedArray,
     wrap_pinned,
 )
@@ -150,6 +152,7 @@ class CudaDevice(BackendDevice):
         self._deferred: list[tuple[str, int]] = []  # ("device" | "host", pointer) freed once none runs
         self._async_ptrs: set[int] = set()  # allocated with cudaMallocAsync while one ran: freed stream-ordered
         self._side_stream: Any = None
+        self._limits: KernelLimits | None = None
         self.clock_sample()
 
     def _use(self) -> None:
@@ -427,6 +430,14 @@ class CudaDevice(BackendDevice):
                 name, f'no kernel named {name!r} in the module ({exc}); use extern "C"', source
             ) from None
         return getattr(kernel, "kernel", kernel)
+
+    def kernel_limits(self) -> KernelLimits:
+        if self._limits is None:  # the device's properties: read once, no synchronization
+            props, portable = self._rt.getDeviceProperties(self._id), PORTABLE_LIMITS
+            x, y, z = (int(d) for d in props.get("maxThreadsDim", portable.dims))
+            threads = int(props.get("maxThreadsPerBlock", portable.threads))
+            self._limits = KernelLimits(threads, (x, y, z), int(props.get("sharedMemPerBlock", portable.shared_bytes)))
+        return self._limits
 
     def launch(
         self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: Any, timed: bool

@@ -24,6 +24,7 @@ from .base import (
     Caps,
     ClockSample,
     DeviceInfo,
+    KernelLimits,
     PinnedArray,
     wrap_pinned,
 )
@@ -249,6 +250,12 @@ class OpenCLDevice(BackendDevice):
                     f"(at most {self._dev.max_work_group_size} threads per block; {exc})"
                 ) from None
         return self._submit(stream, event)
+
+    def kernel_limits(self) -> KernelLimits:
+        dims = [int(d) for d in self._dev.max_work_item_sizes][:3] + [1, 1, 1]
+        return KernelLimits(
+            int(self._dev.max_work_group_size), (dims[0], dims[1], dims[2]), int(self._dev.local_mem_size)
+        )
 
     def clock_sample(self) -> ClockSample:
         cl = _cl()

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CompileError, InvalidArgument, OutOfMemory
-from .base import Backend, BackendDevice, BufferArg, Caps, ClockSample, DeviceInfo
+from .base import Backend, BackendDevice, BufferArg, Caps, ClockSample, DeviceInfo, KernelLimits
 
 CAPS = Caps(
     concurrent_streams=False,
@@ -391,6 +391,15 @@ class WebGPUDevice(BackendDevice):
             compute.end()
 
         return self._submit(stream, encode, timed, kernel=True)
+
+    def kernel_limits(self) -> KernelLimits:
+        limits = self._dev.limits
+        x, y, z = (int(limits[f"max-compute-workgroup-size-{a}"]) for a in "xyz")
+        return KernelLimits(
+            int(limits["max-compute-invocations-per-workgroup"]),
+            (x, y, z),
+            int(limits["max-compute-workgroup-storage-size"]),
+        )
 
     def clock_sample(self) -> ClockSample:
         if not self._timestamps:
