@@ -15,7 +15,7 @@ On the CPU backend the same ring is served by a Python function running on one s
 the same API and the same results, but a thread, not a kernel, and latencies of a thread that yields the GIL.
 
 Hazards while a persistent kernel runs, and what gpuworkbench does about each (anything that waits for the whole
-device would wait forever). Measured on an H200 by ``benchmarks/persistent_probe.py``: cudaDeviceSynchronize,
+device would wait forever). Measured on an H200 by ``benchmarks/probes/persistent_probe.py``: cudaDeviceSynchronize,
 cudaFree, cudaFreeHost, loading a new module and starting a CUPTI trace waited for a looping kernel; cudaMalloc,
 cudaMallocAsync/cudaFreeAsync, cudaHostAlloc, copies, other streams' syncs and memGetInfo did not.
 

@@ -237,6 +237,48 @@ def test_a_trace_right_after_another_gets_cupti_too(dev):
     s.close()
 
 
+def test_completions_freed_by_the_cyclic_collector_do_not_pool_their_events():
+    """Events come back to the pool when a completion is freed by reference counting, not when the cyclic collector
+    frees it: events pooled from there failed their next record with 'context is destroyed' (no GPU needed)."""
+    import gc
+
+    from gpuworkbench.backends.cuda import _CudaCompletion, _EventPool
+
+    timed, plain = _EventPool(True), _EventPool(False)
+    _CudaCompletion("end-1", None, None, (timed, plain))  # dropped at once: by reference count
+    assert list(plain._free) == ["end-1"]
+    cycle: list = [_CudaCompletion("end-2", "start-2", None, (timed, plain))]
+    cycle.append(cycle)
+    del cycle
+    gc.collect()
+    assert list(plain._free) == ["end-1"] and not timed._free
+
+
+def test_a_trace_freed_by_the_cyclic_collector_leaves_launches_working(dev):
+    """A trace kept in a reference cycle (a notebook's namespace makes them) is freed late by the cyclic collector,
+    with the completions it holds; launches after that must work (measured: 'context is destroyed', then a crash)."""
+    import gc
+
+    spin = dev.compile(SPIN, "spin")
+    s = dev.create_stream("cycle")
+    for i in range(3):
+        with gw.trace() as t:
+            spin(1, 1, (np.uint64(2_000_000),), stream=s, name=f"spin-{i}")
+        t.itself = t
+    s.synchronize()
+    assert t.wait_pending(10)
+    s.close()
+    del t, spin, s
+    gc.collect()
+    empty = dev.compile('extern "C" __global__ void empty(float* x) {}', "empty")
+    s = dev.create_stream("after")
+    with dev.alloc(1) as b:
+        for _ in range(200):
+            empty(1, 32, (b,), stream=s)
+        s.synchronize()
+    s.close()
+
+
 def test_a_cupti_trace_does_not_hold_kernels_events(dev):
     """Kernels' completions go back to the event pool as untraced: a trace that held them until their records came
     made the pool overflow and create a CUDA event per launch (microseconds each)."""

@@ -8,12 +8,13 @@ The ROCm backend (``rocm.py``) reuses this file with CuPy's HIP build.
 While a persistent kernel runs (``persistent.py``) nothing here may wait for the whole device, which would then wait
 forever: cudaFree and cudaFreeHost are deferred until the last one stops (memory allocated meanwhile comes from
 cudaMallocAsync and is freed stream-ordered), and compiling is refused, as loading a new module may synchronize the
-context (lazy loading). All three were seen waiting for a looping kernel on an H200 (benchmarks/persistent_probe.py).
+context (lazy loading). All three were seen waiting for a looping kernel on an H200 (benchmarks/probes/persistent_probe.py).
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import threading
 import time
 from collections import deque
@@ -61,6 +62,17 @@ def _cupy() -> Any:
     import cupy
 
     return cupy
+
+
+_COLLECTING = False  # True while Python's cyclic garbage collector runs (see _CudaCompletion.__del__)
+
+
+def _gc_phase(phase: str, info: dict) -> None:
+    global _COLLECTING
+    _COLLECTING = phase == "start"
+
+
+gc.callbacks.append(_gc_phase)
 
 
 class _EventPool:
@@ -114,6 +126,11 @@ class _CudaCompletion:
         )
 
     def __del__(self) -> None:
+        if _COLLECTING:
+            # Finalized by the cyclic collector (a trace kept in a reference cycle): events pooled from here failed
+            # their next record with 'context is destroyed' and then crashed the process (measured on an H100 with
+            # CuPy 14.2). They are released with the completion instead; the pool makes new ones.
+            return
         timed_pool, plain_pool = self._pools
         if self.start is not None:
             timed_pool.give(self.start)

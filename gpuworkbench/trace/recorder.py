@@ -17,8 +17,9 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,19 @@ def _hook_torch_profiler() -> None:
 
     prepare.gpuworkbench_hook = True  # type: ignore[attr-defined]
     module._prepare_profiler = prepare
+
+
+def _weak(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (bound to a trace) called through a weak reference to its trace."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        if bound is None:
+            raise ReferenceError("the trace is gone")
+        return bound(*args)
+
+    return call
 
 
 def _cuda_in_process() -> bool:
@@ -393,8 +407,13 @@ class Trace:
         self._cupti_offset, self._cupti_error = cupti_ns - host_ns, err
         self._window_offset, self._window_drifts = self._sample_window_offset()
         if self.others:
+            # Weak callbacks: a trace in a reference cycle is freed by the cyclic collector, late and on any thread.
             self._foreign = ForeignRecords(
-                self._foreign_devices, self._thread_row, self.label_stream, source.api_name, source.names_of
+                _weak(self._foreign_devices),
+                _weak(self._thread_row),
+                _weak(self.label_stream),
+                source.api_name,
+                source.names_of,
             )
         return ""
 
