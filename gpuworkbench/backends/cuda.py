@@ -8,7 +8,8 @@ The ROCm backend (``rocm.py``) reuses this file with CuPy's HIP build.
 While a persistent kernel runs (``persistent.py``) nothing here may wait for the whole device, which would then wait
 forever: cudaFree and cudaFreeHost are deferred until the last one stops (memory allocated meanwhile comes from
 cudaMallocAsync and is freed stream-ordered), and compiling is refused, as loading a new module may synchronize the
-context (lazy loading). All three were seen waiting for a looping kernel on an H200 (benchmarks/probes/persistent_probe.py).
+context (lazy loading). All three were seen waiting for a looping kernel on an H200
+(benchmarks/probes/persistent_probe.py).
 """
 
 from __future__ import annotations

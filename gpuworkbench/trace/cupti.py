@@ -11,8 +11,9 @@ callbacks are our own, registered on the same libcupti through ctypes. The compl
 valid bytes. ``flush()`` walks the records by their sizes (learned from CUPTI's own ``cuptiActivityGetNextRecord`` on
 the first buffers that hold each kind) and gathers each kind's fields with NumPy.
 
-Verified on an H200 (CUPTI 13.0, benchmarks/probes/cupti_probe.py): the walk by learned sizes gives exactly the offsets of
-``cuptiActivityGetNextRecord`` on every buffer; cupti-python's dtypes match both CUPTI's record sizes and cupti.h.
+Verified on an H200 (CUPTI 13.0, benchmarks/probes/cupti_probe.py): the walk by learned sizes gives exactly the
+offsets of ``cuptiActivityGetNextRecord`` on every buffer; cupti-python's dtypes match both CUPTI's record sizes and
+cupti.h.
 
 Kernel names are ``const char*`` into CUPTI-owned memory, not into our buffers, so recycling a buffer does not free
 them: they are read in ``flush()`` (as PyTorch's Kineto reads them, long after the callback); on the H200 the name of a
