@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import ops
+from . import library, ops
 from .buffer import Buffer
 from .device import BackendKind, Device, backend_status, devices
 from .errors import (
@@ -120,6 +120,7 @@ __all__ = [
     "i64",
     "index",
     "kernel",
+    "library",
     "live",
     "load_trace",
     "local_id",

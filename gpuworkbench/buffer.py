@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,19 +19,27 @@ if TYPE_CHECKING:
 
 
 class Buffer:
-    """``n`` elements of one dtype on one device. Free it with ``free()`` or a ``with`` block (or let GC do it)."""
+    """``n`` elements of one dtype on one device. Free it with ``free()`` or a ``with`` block (or let GC do it).
+
+    ``shape`` says how the elements are read as an array (``(n,)`` unless allocated with a shape or given one); it
+    changes no byte: ``copy_to_host()`` returns that shape, and kernel libraries read it (``gw.library``)."""
 
     def __init__(self, device: Device, n: int, dtype: np.dtype, handle: Any) -> None:
         self.device, self._len, self.dtype, self._handle = device, n, dtype, handle
+        self._shape: tuple[int, ...] = (n,)
         self._inflight: dict[int, Any] = {}  # stream id -> completion of the last op on that stream using this buffer
         self._freed = False
         self._lock = threading.Lock()
 
     @classmethod
-    def allocate(cls, device: Device, n: int, dtype: Any = "float32") -> Buffer:
-        """Allocate ``n`` elements of ``dtype`` on ``device`` (uninitialised). Raises OutOfMemory when it won't fit."""
+    def allocate(cls, device: Device, n: int | Sequence[int], dtype: Any = "float32") -> Buffer:
+        """Allocate ``n`` elements of ``dtype`` on ``device`` (uninitialised); ``n`` may be a shape, ``(rows, cols)``.
+        Raises OutOfMemory when it won't fit."""
         ledger = device._memory
         ledger.check_open()
+        shape = _shape(n) if isinstance(n, (tuple, list)) else None
+        if shape is not None:
+            n = int(np.prod(shape, dtype=np.int64))
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise InvalidArgument(f"buffer length must be a non-negative int, got {n!r}")
         dt = as_dtype(dtype)
@@ -38,6 +47,8 @@ class Buffer:
         start = time.perf_counter_ns()
         handle = device._backend.alloc(nbytes)
         buf = cls(device, int(n), dt, handle)
+        if shape is not None:
+            buf._shape = shape
         ledger.allocated(buf, nbytes, start, handle)
         return buf
 
@@ -48,6 +59,22 @@ class Buffer:
     @property
     def len(self) -> int:
         return self._len
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """How the elements read as an array; set it to any shape holding ``len(buf)`` elements."""
+        return self._shape
+
+    @shape.setter
+    def shape(self, shape: int | Sequence[int]) -> None:
+        dims = _shape(shape if isinstance(shape, (tuple, list)) else (shape,))
+        if int(np.prod(dims, dtype=np.int64)) != self._len:
+            raise InvalidArgument(f"shape {dims} does not hold the {self._len} elements of {self._describe()}")
+        self._shape = dims
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
 
     @property
     def size_bytes(self) -> int:
@@ -150,14 +177,14 @@ class Buffer:
         self.copy_from_host_async(host, stream).wait()
 
     def copy_to_host(self, out: np.ndarray | None = None) -> np.ndarray:
-        """Return the buffer's contents as a new (or the given) host array. Blocks until done."""
+        """Return the buffer's contents as a new host array of its ``shape`` (or in ``out``). Blocks until done."""
         self._check()
         host = np.empty(self._len, dtype=self.dtype) if out is None else out
         host = self._check_host(host, writable=True, asynchronous=False)
         stream = self.device.default_stream
         self._order_after_inflight(stream)
         self.copy_to_host_async(host, stream).wait()
-        return host
+        return host.reshape(self._shape) if out is None else host
 
     def copy_from(self, other: Buffer, stream: Stream | None = None, name: str | None = None) -> Event:
         """Device → device copy of ``other`` into this buffer, enqueued on ``stream`` (default stream if None);
@@ -238,7 +265,7 @@ class Buffer:
             raise AttributeError(f"{self.device.backend_kind.value} buffers have no device pointer")
         handle = self._check()
         return {
-            "shape": (self._len,),
+            "shape": self._shape,
             "typestr": self.dtype.str,
             "data": (int(self.device._backend.device_pointer(handle)), False),
             "version": 3,
@@ -248,4 +275,12 @@ class Buffer:
 
     def __repr__(self) -> str:
         state = "freed" if self._freed else _fmt_bytes(self.size_bytes)
-        return f"<Buffer {self._len} × {self.dtype} on {self.device.spec} ({state})>"
+        count = self._len if len(self._shape) == 1 else " × ".join(map(str, self._shape))
+        return f"<Buffer {count} × {self.dtype} on {self.device.spec} ({state})>"
+
+
+def _shape(dims: Sequence[Any]) -> tuple[int, ...]:
+    """``dims`` as a shape of non-negative ints (InvalidArgument otherwise)."""
+    if not dims or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
+        raise InvalidArgument(f"a buffer shape is one or more non-negative ints, got {tuple(dims)!r}")
+    return tuple(int(d) for d in dims)

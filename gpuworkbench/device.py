@@ -183,8 +183,9 @@ class Device:
         """``depth`` streams addressed as ``get(i) → i % depth``."""
         return StreamSet(self, depth, label)
 
-    def alloc(self, n: int, dtype: Any = "float32") -> Buffer:
-        """A device buffer of ``n`` elements (uninitialised). Blocks only for the allocation itself."""
+    def alloc(self, n: int | Sequence[int], dtype: Any = "float32") -> Buffer:
+        """A device buffer of ``n`` elements, or of a shape ``(rows, cols)`` (uninitialised). Blocks only for the
+        allocation itself."""
         return Buffer.allocate(self, n, dtype)
 
     def empty_pinned(self, shape: int | Sequence[int], dtype: Any = "float32") -> np.ndarray:

@@ -1,0 +1,192 @@
+"""``gw.library``: common array operations written once with ``@gw.kernel``, the same on every backend.
+
+Each op takes NumPy arrays with ``device=`` (copied there and back: the call blocks and returns a NumPy array) or
+``gw.Buffer`` inputs read with their ``shape`` (the op is enqueued on ``stream`` and returns a Buffer at once)::
+
+    c = gw.library.matmul(a, b, device=dev)                      # NumPy in, NumPy out
+    a_buf = dev.alloc((m, k)); ...; c_buf = gw.library.matmul(a_buf, b_buf, stream=s)   # Buffers, on stream s
+
+Inputs are float32 (WebGPU's only float); shapes and dtypes that do not fit raise InvalidArgument naming both.
+Row operations (softmax, log_softmax, layer_norm, and sum / max / argmax / cumsum with ``axis=-1``) work along the
+last axis; ``axis=None`` reduces (or for cumsum, scans) the flattened array, as NumPy does.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+import numpy as np
+
+from ..device import Device
+from ..errors import InvalidArgument
+from ..streams import Stream
+from . import _kernels as k
+from ._call import Call
+
+__all__ = ["argmax", "cumsum", "layer_norm", "log_softmax", "matmul", "max", "softmax", "sum", "transpose"]
+
+Array = Any  # a NumPy array or a gw.Buffer
+_METHODS = {"naive": k.matmul_naive, "tiled": k.matmul_tiled}
+
+
+def _round_up(v: int, to: int) -> int:
+    return -(-v // to) * to
+
+
+def _rows(call: Call, name: str, axis: int | None) -> tuple[int, int, tuple[int, ...]]:
+    """(rows, cols, the shape the rows reduce to) for an op along the last axis (or over everything: axis=None)."""
+    shape = call.shape(name)
+    if axis is None:
+        return 1, int(np.prod(shape, dtype=np.int64)), ()
+    if not shape:
+        raise InvalidArgument(f"{call.op}: {name} is 0-d; it has no axis {axis}")
+    if axis not in (-1, len(shape) - 1):
+        raise InvalidArgument(
+            f"{call.op}: works along the last axis (axis=-1) or over everything (axis=None), not axis={axis} of "
+            f"{name} {shape}; move the axis last (np.moveaxis or gw.library.transpose) first"
+        )
+    cols = shape[-1]
+    return int(np.prod(shape[:-1], dtype=np.int64)), cols, shape[:-1]
+
+
+def _launch_rows(kernel: Any, call: Call, rows: int, *args: Any) -> None:
+    if rows:
+        kernel.launch(rows * k.ROW, *args, stream=call.stream)
+
+
+def matmul(
+    a: Array,
+    b: Array,
+    out: Array | None = None,
+    *,
+    method: str = "tiled",
+    device: Device | str | None = None,
+    stream: Stream | None = None,
+) -> Array:
+    """``a @ b`` for 2-D ``a`` (m × k) and ``b`` (k × n): ``method`` "tiled" (16 × 16 tiles in shared memory) or
+    "naive" (one thread per element reading straight from memory)."""
+    kernel = _METHODS.get(method)
+    if kernel is None:
+        raise InvalidArgument(f"matmul: method {method!r} is not one of {', '.join(_METHODS)}")
+    with Call("matmul", {"a": a, "b": b}, device, stream) as call:
+        sa, sb = call.shape("a"), call.shape("b")
+        if len(sa) != 2 or len(sb) != 2 or sa[1] != sb[0]:
+            raise InvalidArgument(f"matmul: a {sa} and b {sb} do not chain: need (m, k) and (k, n)")
+        (m, kk), n = sa, sb[1]
+        if out is not None and (out is a or out is b):
+            raise InvalidArgument("matmul: out must not be one of the inputs")
+        c = call.output(out, (m, n))
+        ba, bb = call.buffer("a"), call.buffer("b")
+        if m and n:
+            shape = (_round_up(m, k.TILE), _round_up(n, k.TILE)) if method == "tiled" else (m, n)
+            kernel.launch(shape, c, ba, bb, m, n, kk, stream=call.stream)
+        return call.result(c)
+
+
+def transpose(x: Array, out: Array | None = None, *, device: Device | str | None = None,
+              stream: Stream | None = None) -> Array:  # fmt: skip
+    """``x.T`` of a 2-D ``x``, through shared tiles."""
+    with Call("transpose", {"x": x}, device, stream) as call:
+        shape = call.shape("x")
+        if len(shape) != 2:
+            raise InvalidArgument(f"transpose: x is {shape}; it takes a 2-D array")
+        if out is not None and out is x:
+            raise InvalidArgument("transpose: out must not be x")
+        rows, cols = shape
+        result = call.output(out, (cols, rows))
+        bx = call.buffer("x")
+        if rows and cols:
+            k.transpose.launch((_round_up(rows, k.TILE), _round_up(cols, k.TILE)), result, bx, rows, cols,
+                               stream=call.stream)  # fmt: skip
+        return call.result(result)
+
+
+def _softmax(op: str, x: Array, out: Array | None, device: Any, stream: Any, take_log: int) -> Array:
+    with Call(op, {"x": x}, device, stream) as call:
+        rows, cols, _ = _rows(call, "x", -1)
+        result = call.output(out, call.shape("x"))
+        _launch_rows(k.row_softmax, call, rows, result, call.buffer("x"), cols, take_log)
+        return call.result(result)
+
+
+def softmax(x: Array, out: Array | None = None, *, device: Device | str | None = None,
+            stream: Stream | None = None) -> Array:  # fmt: skip
+    """exp(x - max) / sum(exp(x - max)) along the last axis (the maximum subtracted: no overflow)."""
+    return _softmax("softmax", x, out, device, stream, 0)
+
+
+def log_softmax(x: Array, out: Array | None = None, *, device: Device | str | None = None,
+                stream: Stream | None = None) -> Array:  # fmt: skip
+    """x - max - log(sum(exp(x - max))) along the last axis."""
+    return _softmax("log_softmax", x, out, device, stream, 1)
+
+
+def layer_norm(
+    x: Array,
+    gamma: Array | None = None,
+    beta: Array | None = None,
+    eps: float = 1e-5,
+    out: Array | None = None,
+    *,
+    device: Device | str | None = None,
+    stream: Stream | None = None,
+) -> Array:
+    """(x - mean) / sqrt(var + eps) * gamma + beta along the last axis (gamma ones and beta zeros when left out;
+    each of the last axis's length)."""
+    with Call("layer_norm", {"x": x, "gamma": gamma, "beta": beta}, device, stream) as call:
+        rows, cols, _ = _rows(call, "x", -1)
+        for name in ("gamma", "beta"):
+            if name in call.inputs and call.shape(name) != (cols,):
+                raise InvalidArgument(f"layer_norm: x is {call.shape('x')}, {name} is {call.shape(name)}; "
+                                      f"{name} must be ({cols},)")  # fmt: skip
+        result = call.output(out, call.shape("x"))
+        params = []
+        for name, fill in (("gamma", 1), ("beta", 0)):
+            if name in call.inputs:
+                params.append(call.buffer(name))
+            else:
+                params.append(call.alloc((builtins.max(cols, 1),)))
+                params[-1].copy_from_host(np.full(builtins.max(cols, 1), fill, np.float32))
+        _launch_rows(k.row_layer_norm, call, rows, result, call.buffer("x"), *params, cols, np.float32(eps))
+        return call.result(result)
+
+
+def _reduce(op: str, kernel: Any, x: Array, axis: int | None, out: Any, device: Any, stream: Any,
+            dtype: Any = np.float32) -> Array:  # fmt: skip
+    with Call(op, {"x": x}, device, stream) as call:
+        rows, cols, shape = _rows(call, "x", axis)
+        if cols == 0 and op in ("max", "argmax"):
+            raise InvalidArgument(f"{op}: x {call.shape('x')} has no elements to take the {op} of")
+        result = call.output(out, shape or (1,), dtype)
+        _launch_rows(kernel, call, rows, result, call.buffer("x"), cols)
+        return call.result(result, scalar=not shape and out is None)
+
+
+def sum(x: Array, axis: int | None = None, out: Array | None = None, *, device: Device | str | None = None,
+        stream: Stream | None = None) -> Array:  # fmt: skip
+    """The sum along the last axis (``axis=-1``) or of everything (``axis=None``), added as a tree in float32."""
+    return _reduce("sum", k.row_sum, x, axis, out, device, stream)
+
+
+def max(x: Array, axis: int | None = None, out: Array | None = None, *, device: Device | str | None = None,
+        stream: Stream | None = None) -> Array:  # fmt: skip
+    """The largest element along the last axis or of everything; NaN where there is one, as in NumPy."""
+    return _reduce("max", k.row_max, x, axis, out, device, stream)
+
+
+def argmax(x: Array, axis: int | None = None, out: Array | None = None, *, device: Device | str | None = None,
+           stream: Stream | None = None) -> Array:  # fmt: skip
+    """The index (int32) of the first largest element along the last axis, or in the flattened array."""
+    return _reduce("argmax", k.row_argmax, x, axis, out, device, stream, np.int32)
+
+
+def cumsum(x: Array, axis: int | None = None, out: Array | None = None, *, device: Device | str | None = None,
+           stream: Stream | None = None) -> Array:  # fmt: skip
+    """Inclusive prefix sums along the last axis, or of the flattened array (``axis=None``, NumPy's default)."""
+    with Call("cumsum", {"x": x}, device, stream) as call:
+        rows, cols, _ = _rows(call, "x", axis)
+        shape = call.shape("x") if axis is not None else (cols,)
+        result = call.output(out, shape)
+        _launch_rows(k.row_cumsum, call, rows, result, call.buffer("x"), cols)
+        return call.result(result)

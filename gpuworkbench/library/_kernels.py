@@ -1,0 +1,285 @@
+"""The library's kernels, each written once with ``@gw.kernel`` and run on every backend.
+
+Row operations run one block of ``ROW`` threads per row: each thread walks the row in steps of ``ROW`` (the same
+number of steps in every thread, so the CPU runs them vectorised), then the block combines its threads' partial
+results in shared memory by halving (``HALVINGS`` rounds). Whole-array reductions are one row. NaN propagates as in
+NumPy: a NaN beats every number in max and argmax (the first NaN's index for argmax), except on WebGPU, where WGSL
+lets implementations assume there is no NaN (lavapipe folds ``v != v`` to false).
+"""
+
+import math
+
+from .. import pykernel as gw
+
+TILE = 16  # matmul and transpose tiles: TILE × TILE threads per block
+ROW = 256  # threads per block for row operations
+HALVINGS = 8  # log2(ROW)
+NEG_INF = -math.inf
+
+
+@gw.kernel(name="matmul_naive", block=(TILE, TILE))
+def matmul_naive(
+    x: gw.index,
+    y: gw.index,
+    c: gw.f32[:, gw.width.n],
+    a: gw.f32[:, gw.width.k],
+    b: gw.f32[:, gw.width.n],
+    m: gw.i32,
+    n: gw.i32,
+    k: gw.i32,
+):
+    """c = a @ b, one thread per element of c reading a row of a and a column of b."""
+    if y < m and x < n:
+        acc = 0.0
+        for j in range(k):
+            acc += a[y, j] * b[j, x]
+        c[y, x] = acc
+
+
+@gw.kernel(name="matmul_tiled", block=(TILE, TILE))
+def matmul_tiled(
+    x: gw.index,
+    y: gw.index,
+    c: gw.f32[:, gw.width.n],
+    a: gw.f32[:, gw.width.k],
+    b: gw.f32[:, gw.width.n],
+    m: gw.i32,
+    n: gw.i32,
+    k: gw.i32,
+):
+    """c = a @ b through TILE × TILE tiles of a and b in shared memory (the launch covers whole tiles)."""
+    ta = gw.shared((TILE, TILE), gw.f32)
+    tb = gw.shared((TILE, TILE), gw.f32)
+    tx = gw.local_id(0)
+    ty = gw.local_id(1)
+    acc = 0.0
+    for t in range((k + TILE - 1) // TILE):
+        ka = t * TILE + tx
+        kb = t * TILE + ty
+        ta[ty, tx] = a[y, ka] if y < m and ka < k else 0.0
+        tb[ty, tx] = b[kb, x] if kb < k and x < n else 0.0
+        gw.barrier()
+        for j in range(TILE):
+            acc += ta[ty, j] * tb[j, tx]
+        gw.barrier()
+    if y < m and x < n:
+        c[y, x] = acc
+
+
+@gw.kernel(name="transpose", block=(TILE, TILE))
+def transpose(x: gw.index, y: gw.index, out: gw.f32[:, gw.width.rows], a: gw.f32[:, gw.width.cols], rows: gw.i32,
+              cols: gw.i32):  # fmt: skip
+    """out = a.T through a shared tile, so that both the reads and the writes run along rows."""
+    tile = gw.shared((TILE, TILE + 1), gw.f32)  # one column more: the column reads hit different banks
+    tx = gw.local_id(0)
+    ty = gw.local_id(1)
+    if y < rows and x < cols:
+        tile[ty, tx] = a[y, x]
+    gw.barrier()
+    ox = gw.group_id(1) * TILE + tx  # a column of out is a row of a
+    oy = gw.group_id(0) * TILE + ty
+    if oy < cols and ox < rows:
+        out[oy, ox] = tile[tx, ty]
+
+
+@gw.kernel(name="row_sum", block=ROW)
+def row_sum(i: gw.index, out: gw.f32[:], x: gw.f32[:, gw.width.cols], cols: gw.i32):
+    red = gw.shared(ROW, gw.f32)
+    lid = gw.local_id(0)
+    row = gw.group_id(0)
+    total = 0.0
+    for t in range((cols + ROW - 1) // ROW):
+        c = t * ROW + lid
+        if c < cols:
+            total += x[row, c]
+    red[lid] = total
+    gw.barrier()
+    stride = ROW // 2
+    for _ in range(HALVINGS):
+        if lid < stride:
+            red[lid] += red[lid + stride]
+        gw.barrier()
+        stride //= 2
+    if lid == 0:
+        out[row] = red[0]
+
+
+@gw.kernel(name="row_max", block=ROW)
+def row_max(i: gw.index, out: gw.f32[:], x: gw.f32[:, gw.width.cols], cols: gw.i32):
+    red = gw.shared(ROW, gw.f32)
+    lid = gw.local_id(0)
+    row = gw.group_id(0)
+    best = NEG_INF
+    for t in range((cols + ROW - 1) // ROW):
+        c = t * ROW + lid
+        if c < cols:
+            v = x[row, c]
+            if v > best or v != v:
+                best = v
+    red[lid] = best
+    gw.barrier()
+    stride = ROW // 2
+    for _ in range(HALVINGS):
+        if lid < stride:
+            other = red[lid + stride]
+            if other > red[lid] or other != other:
+                red[lid] = other
+        gw.barrier()
+        stride //= 2
+    if lid == 0:
+        out[row] = red[0]
+
+
+@gw.kernel(name="row_argmax", block=ROW)
+def row_argmax(i: gw.index, out: gw.i32[:], x: gw.f32[:, gw.width.cols], cols: gw.i32):
+    """The index of each row's first largest element (of its first NaN where it has one), as np.argmax."""
+    val = gw.shared(ROW, gw.f32)
+    at = gw.shared(ROW, gw.i32)
+    lid = gw.local_id(0)
+    row = gw.group_id(0)
+    best = NEG_INF
+    where = cols  # none yet: any element beats it
+    for t in range((cols + ROW - 1) // ROW):
+        c = t * ROW + lid
+        if c < cols:
+            v = x[row, c]
+            if where == cols or v > best or (v != v and best == best):
+                best = v
+                where = c
+    val[lid] = best
+    at[lid] = where
+    gw.barrier()
+    stride = ROW // 2
+    for _ in range(HALVINGS):
+        if lid < stride:
+            ov = val[lid + stride]
+            oi = at[lid + stride]
+            bv = val[lid]
+            bi = at[lid]
+            same = ov == bv or (ov != ov and bv != bv)
+            if ov > bv or (ov != ov and bv == bv) or (same and oi < bi):
+                val[lid] = ov
+                at[lid] = oi
+        gw.barrier()
+        stride //= 2
+    if lid == 0:
+        out[row] = at[0]
+
+
+@gw.kernel(name="row_softmax", block=ROW)
+def row_softmax(i: gw.index, out: gw.f32[:, gw.width.cols], x: gw.f32[:, gw.width.cols], cols: gw.i32,
+                take_log: gw.i32):  # fmt: skip
+    """softmax (log_softmax where take_log) of each row, the row's maximum subtracted first."""
+    red = gw.shared(ROW, gw.f32)
+    lid = gw.local_id(0)
+    row = gw.group_id(0)
+    steps = (cols + ROW - 1) // ROW
+    best = NEG_INF
+    for t in range(steps):
+        c = t * ROW + lid
+        if c < cols:
+            v = x[row, c]
+            if v > best or v != v:
+                best = v
+    red[lid] = best
+    gw.barrier()
+    stride = ROW // 2
+    for _ in range(HALVINGS):
+        if lid < stride:
+            other = red[lid + stride]
+            if other > red[lid] or other != other:
+                red[lid] = other
+        gw.barrier()
+        stride //= 2
+    top = red[0]
+    gw.barrier()  # every thread has read the maximum before red is used again
+    total = 0.0
+    for t in range(steps):
+        c = t * ROW + lid
+        if c < cols:
+            total += math.exp(x[row, c] - top)
+    red[lid] = total
+    gw.barrier()
+    stride = ROW // 2
+    for _ in range(HALVINGS):
+        if lid < stride:
+            red[lid] += red[lid + stride]
+        gw.barrier()
+        stride //= 2
+    total = red[0]
+    for t in range(steps):
+        c = t * ROW + lid
+        if c < cols:
+            v = x[row, c] - top
+            out[row, c] = v - math.log(total) if take_log != 0 else math.exp(v) / total
+
+
+@gw.kernel(name="row_layer_norm", block=ROW)
+def row_layer_norm(i: gw.index, out: gw.f32[:, gw.width.cols], x: gw.f32[:, gw.width.cols], gamma: gw.f32[:],
+                   beta: gw.f32[:], cols: gw.i32, eps: gw.f32):  # fmt: skip
+    """(x - mean) / sqrt(var + eps) * gamma + beta over each row; the variance from the deviations (two passes)."""
+    red = gw.shared(ROW, gw.f32)
+    lid = gw.local_id(0)
+    row = gw.group_id(0)
+    steps = (cols + ROW - 1) // ROW
+    total = 0.0
+    for t in range(steps):
+        c = t * ROW + lid
+        if c < cols:
+            total += x[row, c]
+    red[lid] = total
+    gw.barrier()
+    stride = ROW // 2
+    for _ in range(HALVINGS):
+        if lid < stride:
+            red[lid] += red[lid + stride]
+        gw.barrier()
+        stride //= 2
+    mean = red[0] / cols
+    gw.barrier()  # every thread has read the sum before red is used again
+    total = 0.0
+    for t in range(steps):
+        c = t * ROW + lid
+        if c < cols:
+            d = x[row, c] - mean
+            total += d * d
+    red[lid] = total
+    gw.barrier()
+    stride = ROW // 2
+    for _ in range(HALVINGS):
+        if lid < stride:
+            red[lid] += red[lid + stride]
+        gw.barrier()
+        stride //= 2
+    scale = 1.0 / math.sqrt(red[0] / cols + eps)
+    for t in range(steps):
+        c = t * ROW + lid
+        if c < cols:
+            out[row, c] = (x[row, c] - mean) * scale * gamma[c] + beta[c]
+
+
+@gw.kernel(name="row_cumsum", block=ROW)
+def row_cumsum(i: gw.index, out: gw.f32[:, gw.width.cols], x: gw.f32[:, gw.width.cols], cols: gw.i32):
+    """Inclusive prefix sums of each row: ROW elements at a time scanned in shared memory (Hillis-Steele), plus
+    the running total of the chunks before."""
+    scan = gw.shared(ROW, gw.f32)
+    lid = gw.local_id(0)
+    row = gw.group_id(0)
+    carry = 0.0
+    for t in range((cols + ROW - 1) // ROW):
+        c = t * ROW + lid
+        scan[lid] = x[row, c] if c < cols else 0.0
+        gw.barrier()
+        offset = 1
+        for _ in range(HALVINGS):
+            v = scan[lid]
+            if lid >= offset:
+                v += scan[lid - offset]
+            gw.barrier()  # every thread has read before any writes
+            scan[lid] = v
+            gw.barrier()
+            offset *= 2
+        if c < cols:
+            out[row, c] = scan[lid] + carry
+        carry += scan[ROW - 1]
+        gw.barrier()  # every thread has read the chunk's total before the next chunk overwrites it
