@@ -246,3 +246,20 @@ def test_gw_range_marks_host_time_on_the_threads_row():
     with pytest.raises(InvalidArgument, match="non-empty name"):
         with gw.range(""):
             pass
+
+
+def test_only_work_launched_while_the_trace_recorded_is_kept():
+    """CUPTI runs on after a trace stops (until its own ops are in): work launched then, or before the trace began,
+    is not the trace's; where no launching call is known, the device start decides."""
+    fr, _ = foreign()
+    recs = records(
+        start=[5_000, 6_000, 9_000, 3_500], end=[5_500, 6_400, 9_100, 3_600], correlation_id=[100, 101, 102, 103]
+    )
+    blocks = fr.spans(recs, {"api": calls([100, 101, 102], [1_500, 4_500, 8_000])}, OFFSET)
+    t = Trace()
+    t.started_ns, t.stopped_ns = 2_000, 6_000
+    device, api = (t._in_window(b) for b in blocks)
+    assert device["corr"].tolist() == [101, -1]  # launched at 3 500 (host clock); no call, started at 2 500
+    assert api["corr"].tolist() == [101]
+    t.stopped_ns = 0  # still recording: no end to the window
+    assert t._in_window(blocks[1])["corr"].tolist() == [101, 102]

@@ -750,7 +750,11 @@ class Trace:
             theirs = records["external_id"] <= 0
             if theirs.any():
                 foreign = {k: v[theirs] for k, v in records.items()}
-        blocks = self._foreign.spans(foreign, self._cupti.take_extras(), self._cupti_offset)
+        blocks = [
+            b
+            for b in map(self._in_window, self._foreign.spans(foreign, self._cupti.take_extras(), self._cupti_offset))
+            if b["kind"].size
+        ]
         if not blocks:
             return
         with self._lock:
@@ -763,6 +767,15 @@ class Trace:
                         row = {"device": dev, "t_ns": now, "held_bytes": self._held.get(dev, 0), "used_bytes": -1}
                         self._memory.append(row | {"other_bytes": total})
             self._version += 1
+
+    def _in_window(self, block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The rows of a block of other libraries' work whose call (or start, where no call is known) fell while this
+        trace recorded: CUPTI runs on after the trace stops until its own ops are in, and sees work enqueued then."""
+        at = np.where(block["enqueue_ns"] >= 0, block["enqueue_ns"], block["start_ns"])
+        keep = at >= self.started_ns
+        if self.stopped_ns:
+            keep &= at <= self.stopped_ns
+        return block if keep.all() else {k: v[keep] for k, v in block.items()}
 
     def _warn_once(self, message: str) -> None:
         if message not in self.stats.warnings:
