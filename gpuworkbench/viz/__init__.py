@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 from .memory import memory_figure, trace_memory_plot
-from .timeline import KIND_COLORS, STATE_COLORS, WEBGL_THRESHOLD, timeline_figure, trace_timeline
+from .palette import KIND_COLORS, STATE_COLORS
+from .timeline import DETAIL_LIMIT, WEBGL_THRESHOLD, timeline_figure, timeline_view, trace_timeline
 
 _inline_loaded = False
 
@@ -79,6 +80,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DETAIL_LIMIT",
     "KIND_COLORS",
     "STATE_COLORS",
     "WEBGL_THRESHOLD",
@@ -89,6 +91,7 @@ __all__ = [
     "memory_figure",
     "show_trace",
     "timeline_figure",
+    "timeline_view",
     "trace_layout",
     "trace_memory_plot",
     "trace_timeline",

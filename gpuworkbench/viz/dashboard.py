@@ -234,7 +234,7 @@ class Live(widgets.VBox):
             self._t0_ns = int(self.trace.started_ns) or int(new["start_ns"].min())
         self._rows.device_names = device_names(self.trace)
         self._rows.stream_labels = self.trace.stream_labels
-        if self._rows.add(new["device"], new["stream"]):
+        if self._rows.add_table(new):
             self._figure.y_range.factors = self._rows.factors
             self._figure.height = self._rows.height(26)
         self.source.stream(span_columns(new, self._rows, self._t0_ns), rollover=self.rollover)

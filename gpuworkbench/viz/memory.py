@@ -10,9 +10,53 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from bokeh.models import ColumnDataSource, HoverTool, NumeralTickFormatter, PanTool, ResetTool, SaveTool, WheelZoomTool
-from bokeh.palettes import Category10_10
+from bokeh.models import (
+    AdaptiveTicker,
+    ColumnDataSource,
+    CustomJSTickFormatter,
+    HoverTool,
+    PanTool,
+    ResetTool,
+    SaveTool,
+    WheelZoomTool,
+)
 from bokeh.plotting import figure
+
+from . import timeline_js
+from .palette import DEVICE_COLORS
+
+#: Binary units of the memory axis, each 1024 times the one before.
+BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def byte_tick_labels(ticks: Any) -> list[str]:
+    """Labels for byte ticks that tell every tick apart: the unit from the largest tick, the decimals from the
+    spacing (the fewest that write each tick within 5 % of the spacing and no two alike). The browser runs the same
+    rule (``timeline_js.BYTE_TICKS``), so "4.0 MiB" is never written five times down one axis."""
+    values = [float(t) for t in ticks]
+    if not values:
+        return []
+    top = max(abs(v) for v in values)
+    unit = 0
+    while unit < len(BYTE_UNITS) - 1 and top >= 1024.0 ** (unit + 1):
+        unit += 1
+    scale = 1024.0**unit
+    gaps = [abs(b - a) for a, b in zip(values, values[1:]) if b != a]
+    step = min(gaps) if gaps else scale
+    decimals = 0
+    for decimals in range(6):
+        labels = [_fixed(v / scale, decimals) for v in values]
+        exact = all(abs(float(label) * scale - v) <= 0.05 * step for label, v in zip(labels, values))
+        if exact and len(set(labels)) == len(values):
+            break
+    return [f"{_fixed(v / scale, decimals)} {BYTE_UNITS[unit]}" for v in values]
+
+
+def _fixed(value: float, decimals: int) -> str:
+    """``value`` with ``decimals`` decimals, as JavaScript's ``toFixed`` writes it (halves away from zero)."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    return str(Decimal(repr(value)).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
 
 
 def memory_figure(
@@ -35,14 +79,14 @@ def memory_figure(
         t0_ns = int(t_ns.min()) if t_ns.size else 0
     wheel = WheelZoomTool(dimensions="width")
     pan = PanTool(dimensions="width")
-    hover = HoverTool(tooltips=[("", "$name"), ("time", "@t_ms{0,0.000} ms"), ("bytes", "@bytes{0.0 b}")])
+    hover = HoverTool(tooltips=[("", "$name"), ("time", "@t_ms{0,0.000} ms"), ("bytes", "@bytes{0,0} B")])
     options: dict[str, Any] = {"x_range": x_range} if x_range is not None else {}
     fig = figure(
         title=title if t_ns.size else f"{title}: no memory samples (nothing allocated or freed while tracing)",
         width=width,
         height=height,
         x_axis_label="time since trace start (ms)",
-        y_axis_label="bytes",
+        y_axis_label="memory (B, KiB, MiB, GiB: powers of 1024)",
         tools=[pan, wheel, ResetTool(), SaveTool(), hover],
         active_drag=pan,
         active_scroll=wheel,
@@ -50,7 +94,9 @@ def memory_figure(
         **options,
     )
     fig.toolbar.logo = None
-    fig.yaxis.formatter = NumeralTickFormatter(format="0.0 b")
+    # Ticks at multiples of a power of two, labelled in the unit and decimals that keep them apart.
+    fig.yaxis.ticker = AdaptiveTicker(base=2, mantissas=[1], min_interval=1, num_minor_ticks=0)
+    fig.yaxis.formatter = CustomJSTickFormatter(code=timeline_js.BYTE_TICKS)
     devices = np.asarray(memory_table["device"])
     held = np.asarray(memory_table["held_bytes"], dtype=np.float64)
     used = np.asarray(memory_table["used_bytes"], dtype=np.float64)
@@ -60,7 +106,7 @@ def memory_figure(
         rows = rows[np.argsort(t_ns[rows], kind="stable")]
         t_ms = (t_ns[rows] - t0_ns) / 1e6
         label = names.get(device, f"device {device}")
-        color = Category10_10[i % 10]
+        color = DEVICE_COLORS[i % len(DEVICE_COLORS)]
         fig.step(
             "t_ms",
             "bytes",
