@@ -25,6 +25,7 @@ from gpuworkbench.trace.recorder import Trace  # noqa: E402
 from gpuworkbench.trace.spans import KIND_CODE, empty_memory_table, empty_table  # noqa: E402
 from gpuworkbench.viz import WEBGL_THRESHOLD, inline_setup, memory_figure, timeline_figure  # noqa: E402
 from gpuworkbench.viz.dashboard import Live  # noqa: E402
+from gpuworkbench.viz.palette import STYLES  # noqa: E402
 
 US = 1_000
 
@@ -41,6 +42,11 @@ RECORDS = [
     span("kernel", 0, 5, 25, device=1, name="other device"),
     span("marker", -1, 40, 40, name="mark"),
 ]
+
+
+def detail(view):
+    """The timeline figure of ``Trace.timeline()``'s column (the overview strip is the second child)."""
+    return view.children[0]
 
 
 def spans_renderer(fig):
@@ -94,9 +100,9 @@ def cpu_trace() -> Trace:
 
 
 def test_timeline_rows_top_to_bottom_with_state_strip_per_device(hand_trace: Trace):
-    fig = hand_trace.timeline()
+    fig = detail(hand_trace.timeline())
     assert fig.y_range.factors[::-1] == [
-        "gpu A · host",
+        "gpu A · workbench",
         "gpu A · stream 1",
         "gpu A · stream 2",
         "gpu A · states",
@@ -106,11 +112,11 @@ def test_timeline_rows_top_to_bottom_with_state_strip_per_device(hand_trace: Tra
 
 
 def test_timeline_glyph_data_has_one_row_per_span(hand_trace: Trace):
-    fig = hand_trace.timeline()
+    fig = detail(hand_trace.timeline())
     data = spans_renderer(fig).data_source.data
     assert all(len(col) == len(RECORDS) for col in data.values())
     assert list(data["kind"]) == [r["kind"] for r in RECORDS]
-    assert list(data["row"])[:2] == ["gpu A · host", "gpu A · stream 1"]
+    assert list(data["row"])[:2] == ["gpu A · workbench", "gpu A · stream 1"]
     # ms from the first span; GB/s = bytes / ns for copies, NaN for everything else
     assert data["left"][1] == pytest.approx(0.010) and data["right"][1] == pytest.approx(0.030)
     assert data["gbps"][1] == pytest.approx(2_000_000 / 20_000)
@@ -119,7 +125,7 @@ def test_timeline_glyph_data_has_one_row_per_span(hand_trace: Trace):
 
 
 def test_timeline_hover_names_the_fields(hand_trace: Trace):
-    fig = hand_trace.timeline()
+    fig = detail(hand_trace.timeline())
     hover = fig.select_one({"name": "span hover", "type": HoverTool})
     fields = dict(hover.tooltips)
     assert {"name", "kind", "bytes", "GB/s", "duration"} <= set(fields)
@@ -128,7 +134,7 @@ def test_timeline_hover_names_the_fields(hand_trace: Trace):
 
 
 def test_timeline_zooms_and_pans_on_time_only(hand_trace: Trace):
-    fig = hand_trace.timeline()
+    fig = detail(hand_trace.timeline())
     assert fig.toolbar.active_scroll.dimensions == "width"
     assert fig.toolbar.active_drag.dimensions == "width"
     assert fig.xaxis[0].axis_label.endswith("(ms)")
@@ -144,7 +150,7 @@ def test_timeline_uses_stream_labels_and_keeps_rows_unique():
 
 
 def test_state_strip_covers_each_device_window_with_the_8_states(hand_trace: Trace):
-    data = states_renderer(hand_trace.timeline()).data_source.data
+    data = states_renderer(detail(hand_trace.timeline())).data_source.data
     assert set(data["row"]) == {"gpu A · states", "gpu B · states"}
     assert set(data["state"]) <= set(STATES)
     for row, window_us in (("gpu A · states", 60.0), ("gpu B · states", 20.0)):
@@ -167,7 +173,12 @@ def test_timeline_of_100k_spans_builds_within_a_second():
     start = time.perf_counter()
     fig = timeline_figure(table)
     elapsed = time.perf_counter() - start
-    assert len(spans_renderer(fig).data_source.data["left"]) == 100_000
+    raw = fig.select_one({"name": "timeline raw"}).data  # above DETAIL_LIMIT: every span in compact arrays
+    spans = raw["style"] < len(STYLES)
+    assert spans.sum() == 100_000 and np.all(np.diff(raw["start"]) >= 0)
+    assert len(spans_renderer(fig).data_source.data["left"]) == 0  # the browser fills it with the spans in view
+    cells = fig.select_one({"name": "cells", "type": GlyphRenderer}).data_source.data
+    assert sum(cells["count"]) == len(raw["start"])  # the first view: every span and busy state segment, once
     assert len(fig.y_range.factors) == 2 * (4 + 1)
     assert elapsed < 1.0, f"building a 10^5-span timeline took {elapsed:.2f} s"
 
@@ -180,9 +191,9 @@ def test_empty_timeline_is_a_valid_document():
 
 
 def test_cpu_trace_timeline_has_a_row_per_stream_and_every_span(cpu_trace: Trace):
-    fig = cpu_trace.timeline()
+    fig = detail(cpu_trace.timeline())
     rows = fig.y_range.factors[::-1]
-    assert rows == ["cpu:0 · host", "cpu:0 · upload", "cpu:0 · compute", "cpu:0 · states"]
+    assert rows == ["cpu:0 · workbench", "cpu:0 · upload", "cpu:0 · compute", "cpu:0 · states"]
     data = spans_renderer(fig).data_source.data
     assert len(data["left"]) == len(cpu_trace) == 3 * 3 + 3  # copies + kernels, 2 allocs + 1 free
     assert min(data["left"]) >= 0  # ms from the trace's start
@@ -224,12 +235,13 @@ def test_memory_plot_without_samples_says_so(hand_trace: Trace):
 
 def test_show_outside_a_notebook_returns_the_layout(cpu_trace: Trace):
     layout = cpu_trace.show()
-    timeline, memory, summary = layout.children
+    timeline, memory, overview, summary = layout.children
     assert timeline.x_range is memory.x_range
+    assert overview.select_one({"name": "overview range"}).x_range is timeline.x_range
     assert "overlap %" in summary.text and "(from ops)" in summary.text
     table = cpu_trace.table()
     window = (int(table["start_ns"].min()) - 1_000_000, int(table["end_ns"].max()))
-    assert "(from cell)" in cpu_trace.show(window=window).children[2].text  # %%gpu passes the cell's wall time
+    assert "(from cell)" in cpu_trace.show(window=window).children[3].text  # %%gpu passes the cell's wall time
 
 
 def test_output_embeds_bokehjs_inline_never_from_a_cdn(cpu_trace: Trace):

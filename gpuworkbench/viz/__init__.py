@@ -44,17 +44,18 @@ def inline_setup(force: bool = False) -> bool:
 
 
 def trace_layout(trace: Any, window: tuple[int, int] | None = None) -> Any:
-    """Timeline, memory plot (sharing its time axis) and the summary table of a trace, as one Bokeh column.
+    """Timeline, memory plot (sharing its time axis), the overview strip that moves both, and the summary table of a
+    trace, as one Bokeh column.
 
     ``window`` (start_ns, end_ns), e.g. a cell's wall time, is the summary's W instead of first-to-last op.
     """
     from bokeh.layouts import column
     from bokeh.models import Div
 
-    timeline = trace_timeline(trace)
+    timeline, overview = trace_timeline(trace).children
     memory = trace_memory_plot(trace, x_range=timeline.x_range)
     summary = Div(text=trace.summary(window=window)._repr_html_(), sizing_mode="stretch_width")
-    return column(timeline, memory, summary, sizing_mode="stretch_width")
+    return column(timeline, memory, overview, summary, sizing_mode="stretch_width")
 
 
 def show_trace(trace: Any, window: tuple[int, int] | None = None) -> Any:
