@@ -56,6 +56,108 @@ def bench_timeline(n: int = 100_000, repeats: int = 5) -> dict[str, float]:
     }
 
 
+#: Zoom and pan steps of the browser benchmark: (fraction of the trace where the view starts, zoom factor).
+BROWSER_VIEWS = [(0.31, 1), (0.31, 4), (0.31, 16), (0.31, 64), (0.31, 256), (0.31, 1024), (0.31, 4096)] + [
+    (0.30 + 0.002 * k, 64) for k in range(8)
+]
+
+#: Sets each view on the timeline's range and waits for the second animation frame after it (Bokeh paints in the
+#: first): the redraw time, the wait for the frame included. Also reads the view callback's own time.
+_REDRAW_JS = """async (views) => {
+  const doc = Bokeh.documents[0]
+  const xr = doc.get_model_by_name('timeline x range')
+  const memo = () => doc.get_model_by_name('name source').__gw || {}
+  const lo = xr.start, T = xr.end - xr.start
+  const frame = () => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))
+  await frame()
+  const out = []
+  for (const [at, zoom] of views) {
+    const a = lo + T * at, b = a + T / zoom
+    const t0 = performance.now()
+    xr.setv({start: a, end: b})
+    await frame()
+    out.push({zoom, ms: performance.now() - t0, callback_ms: memo().ms,
+              spans: doc.get_model_by_name('span source').data.left.length,
+              cells: doc.get_model_by_name('cell source').data.left.length})
+  }
+  return out
+}"""
+
+
+def bench_browser(n: int = 1_000_000, loads: int = 3) -> dict[str, float]:
+    """Build an ``n``-span timeline view, write it with inline BokehJS, load it ``loads`` times in headless Chromium
+    and time the loads (to BokehJS's "document idle") and zoom/pan redraws; prints and returns the figures."""
+    import tempfile
+
+    from bench_analysis import random_table
+    from bokeh.embed import file_html
+    from bokeh.resources import INLINE
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from lab_browser import CHROMIUM, CHROMIUM_FLAGS
+    from playwright.sync_api import sync_playwright
+
+    from gpuworkbench.viz import timeline_view
+
+    table = random_table(n)
+    start = time.perf_counter()
+    view = timeline_view(table)
+    build_s = time.perf_counter() - start
+    start = time.perf_counter()
+    html = file_html(view, INLINE)
+    html_s = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "timeline.html"
+        path.write_text(html)
+        idle_ms, wall_s, redraws = [], [], []
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+            try:
+                for _ in range(loads):
+                    page = browser.new_page(viewport={"width": 1400, "height": 900})
+                    seen: list[str] = []
+                    page.on("console", lambda m, seen=seen: seen.append(m.text) if "document idle" in m.text else None)
+                    start = time.perf_counter()
+                    page.goto(path.as_uri(), timeout=120_000)
+                    while not seen and time.perf_counter() - start < 120:
+                        page.wait_for_timeout(10)
+                    wall_s.append(time.perf_counter() - start)
+                    idle_ms.append(float(seen[0].split(" at ")[1].split()[0]) if seen else float("nan"))
+                    redraws.append(page.evaluate(_REDRAW_JS, BROWSER_VIEWS))
+                    page.close()
+            finally:
+                browser.close()
+    times = [r["ms"] for run in redraws for r in run]
+    cells = [r["ms"] for run in redraws for r in run if r["cells"]]
+    spans = [r["ms"] for run in redraws for r in run if not r["cells"]]
+    callback = [r["callback_ms"] for run in redraws for r in run if r["callback_ms"] is not None]
+    result = {
+        "build_s": build_s,
+        "html_s": html_s,
+        "html_mb": len(html) / 1e6,
+        "idle_ms_median": statistics.median(idle_ms),
+        "idle_ms_max": max(idle_ms),
+        "load_wall_s_median": statistics.median(wall_s),
+        "redraw_ms_median": statistics.median(times),
+        "redraw_ms_p90": sorted(times)[int(0.9 * (len(times) - 1))],
+        "redraw_ms_max": max(times),
+        "redraw_cells_ms_median": statistics.median(cells) if cells else float("nan"),
+        "redraw_spans_ms_median": statistics.median(spans) if spans else float("nan"),
+        "callback_ms_median": statistics.median(callback) if callback else float("nan"),
+    }
+    print(
+        f"timeline in headless Chromium, {n:,} spans: build {build_s:.2f} s, file_html {html_s:.2f} s, "
+        f"{result['html_mb']:.1f} MB with inline BokehJS\n"
+        f"  load: document idle at {result['idle_ms_median']:.0f} ms median (max {result['idle_ms_max']:.0f}) of "
+        f"{loads} loads, {result['load_wall_s_median']:.2f} s wall from goto (target ≤ 3 s)\n"
+        f"  zoom/pan redraw to the second frame after the change: median {result['redraw_ms_median']:.0f} ms, "
+        f"p90 {result['redraw_ms_p90']:.0f}, max {result['redraw_ms_max']:.0f} ms (target ≤ 100 ms); zoomed out "
+        f"(cells) {result['redraw_cells_ms_median']:.0f} ms, zoomed in (spans) "
+        f"{result['redraw_spans_ms_median']:.0f} ms; the view callback itself {result['callback_ms_median']:.1f} ms"
+    )
+    return result
+
+
 def _work(count: int) -> int:
     total = 0
     for i in range(count):
@@ -196,8 +298,16 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="dashboard pushes per second at most")
     parser.add_argument("--kernel", action="store_true", help="also measure inside a real IPython kernel")
     parser.add_argument("--json", help="also write the timeline and live-dashboard results here")
+    parser.add_argument("--browser", action="store_true", help="only the 10^6-span timeline in headless Chromium")
+    parser.add_argument("--browser-spans", type=int, default=1_000_000)
     args = parser.parse_args()
     results: dict = {"date": time.strftime("%Y-%m-%d"), "cpu_cores": os.cpu_count()}
+    if args.browser:
+        results["browser"] = bench_browser(args.browser_spans)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     results["timeline"] = bench_timeline(args.spans)
     results["live"] = bench_live(args.seconds, args.repeats, args.rate)
     results["live"].update(seconds=args.seconds, pairs=args.repeats, rate_hz=args.rate)
