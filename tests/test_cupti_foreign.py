@@ -218,6 +218,8 @@ def test_another_cupti_client_is_recognised(monkeypatch):
 
 
 def test_torch_profiler_start_hands_cupti_over_first(monkeypatch):
+    for name, value in (("_TICKS", False), ("_TICK_REF", None), ("_TICKS_PER_NS", 1.0)):
+        monkeypatch.setattr(cupti_mod, name, value)  # the hook marks CUPTI's clock as possibly changed
     from gpuworkbench.trace import recorder
 
     seen = []
@@ -230,6 +232,7 @@ def test_torch_profiler_start_hands_cupti_over_first(monkeypatch):
     module._prepare_profiler("config", {"CUDA"})
     assert [who for who, _ in seen] == ["trace", "torch"] and "torch.profiler" in seen[0][1]
     assert seen[1][1] == ("config", {"CUDA"})
+    assert cupti_mod._TICKS  # CUPTI's timestamps are calibrated against the host clock from now on
 
 
 def test_gw_range_marks_host_time_on_the_threads_row():
@@ -248,18 +251,41 @@ def test_gw_range_marks_host_time_on_the_threads_row():
             pass
 
 
-def test_only_work_launched_while_the_trace_recorded_is_kept():
-    """CUPTI runs on after a trace stops (until its own ops are in): work launched then, or before the trace began,
-    is not the trace's; where no launching call is known, the device start decides."""
+def test_work_launched_after_the_trace_stopped_is_not_kept():
+    """CUPTI runs on after a trace stops (until its own ops are in): work launched then is not the trace's; where no
+    launching call is known, the device start decides."""
     fr, _ = foreign()
     recs = records(
-        start=[5_000, 6_000, 9_000, 3_500], end=[5_500, 6_400, 9_100, 3_600], correlation_id=[100, 101, 102, 103]
+        start=[5_000, 6_000, 9_000, 3_500, 8_000],
+        end=[5_500, 6_400, 9_100, 3_600, 8_100],
+        correlation_id=[100, 101, 102, 103, 104],
     )
     blocks = fr.spans(recs, {"api": calls([100, 101, 102], [1_500, 4_500, 8_000])}, OFFSET)
     t = Trace()
     t.started_ns, t.stopped_ns = 2_000, 6_000
     device, api = (t._in_window(b) for b in blocks)
-    assert device["corr"].tolist() == [101, -1]  # launched at 3 500 (host clock); no call, started at 2 500
-    assert api["corr"].tolist() == [101]
+    assert device["corr"].tolist() == [100, 101, -1]  # launched at 500 and 3 500 (host clock); 103 started at 2 500
+    assert api["corr"].tolist() == [100, 101]
     t.stopped_ns = 0  # still recording: no end to the window
-    assert t._in_window(blocks[1])["corr"].tolist() == [101, 102]
+    assert t._in_window(blocks[1])["corr"].tolist() == [100, 101, 102]
+
+
+def test_tick_timestamps_after_another_profiler_are_mapped_back_to_nanoseconds(monkeypatch):
+    """After torch.profiler, CUPTI's timestamps can be CPU ticks (Kineto's timestamp callback stays registered): they
+    are mapped back to ns by a line through a reference sample and the latest one; 0 (no timestamp) stays 0."""
+    for name, value in (("_TICKS", False), ("_TICK_REF", None), ("_TICKS_PER_NS", 1.0)):
+        monkeypatch.setattr(cupti_mod, name, value)  # restored after the test
+    assert cupti_mod._to_ns(5_000) == 5_000  # nanoseconds already: untouched
+    cupti_mod.timestamps_may_change()
+    rate, ref_ticks, ref_ns = 2.1, 300_000_000_000, 1_000_000_000
+    cupti_mod._calibrate(ref_ticks, ref_ns)
+    cupti_mod._calibrate(ref_ticks + int(rate * 50_000_000), ref_ns + 50_000_000)  # 50 ms later
+    assert cupti_mod._TICKS_PER_NS == pytest.approx(rate)
+    ticks = np.array([ref_ticks + int(rate * 10_000), ref_ticks + int(rate * 30_000_000), 0], np.int64)
+    ns = cupti_mod._to_ns(ticks)
+    assert ns.tolist() == [ref_ticks + 10_000, ref_ticks + 30_000_000, 0]
+    assert np.diff(ns[:2]).item() == 29_990_000  # durations in ns again
+    cupti_mod.timestamps_may_change()  # a new profiler session: calibration starts over
+    cupti_mod._calibrate(7, 1)
+    cupti_mod._calibrate(7 + 2_000_000, 1 + 2_000_000)  # a clock in ns: rate 1
+    assert cupti_mod._to_ns(123_456) == 123_456

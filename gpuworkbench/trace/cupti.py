@@ -531,6 +531,47 @@ def _layout(cupti: Any) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str
     return fields, sizes, notes
 
 
+#: Once PyTorch's profiler has started in this process, Kineto's CUPTI timestamp callback stays registered after its
+#: session: CUPTI's timestamps are then the CPU's time-stamp counter, not nanoseconds (measured on the H100 host: 2.0999
+#: ticks per ns, and a trace's records fell outside its ops' enqueue windows). From then on every timestamp read is
+#: mapped back to nanoseconds by a line through a reference sample and the latest one (``_calibrate``).
+_TICKS = False
+_TICK_REF: tuple[int, int] | None = None  # (CUPTI timestamp, perf_counter_ns) of the first sample since
+_TICKS_PER_NS = 1.0
+
+
+def timestamps_may_change() -> None:
+    """Called before another tool (torch.profiler) takes CUPTI: its timestamp callback may outlive its session."""
+    global _TICKS, _TICK_REF, _TICKS_PER_NS
+    with _STATE_LOCK:
+        _TICKS, _TICK_REF, _TICKS_PER_NS = True, None, 1.0
+
+
+def _calibrate(raw: int, host_ns: int) -> None:
+    """Learn CUPTI's ticks per nanosecond from a sample (CUPTI timestamp, perf_counter_ns) and the reference one."""
+    global _TICK_REF, _TICKS_PER_NS
+    if _TICK_REF is None:
+        _TICK_REF = (raw, host_ns)
+        return
+    elapsed = host_ns - _TICK_REF[1]
+    if elapsed > 1_000_000:  # 1 ms: the samples' error (~1 us) is then below 0.2 % of the span they measure
+        rate = (raw - _TICK_REF[0]) / elapsed
+        _TICKS_PER_NS = 1.0 if abs(rate - 1.0) < 1e-4 else rate
+
+
+def _to_ns(ticks: Any) -> Any:
+    """CUPTI timestamps (an int or an int64 array) in nanoseconds, on the line through the reference sample."""
+    if not _TICKS or _TICK_REF is None or _TICKS_PER_NS == 1.0:
+        return ticks
+    ref = _TICK_REF[0]
+    if isinstance(ticks, np.ndarray):
+        zero = ticks == 0  # "no timestamp" stays so
+        out = ref + np.round((ticks.astype(np.float64) - ref) / _TICKS_PER_NS).astype(np.int64)
+        out[zero] = 0
+        return out
+    return ref + round((ticks - ref) / _TICKS_PER_NS) if ticks else ticks
+
+
 class CuptiSource:
     """Collects CUPTI activity records (kernels, memcpy, memset) with device start/end; never synchronizes."""
 
@@ -716,6 +757,9 @@ class CuptiSource:
         with self._flush_lock:
             self._flush_if_due(eager)
             blob, ends = self._take_incoming()
+            if _TICKS and ends:
+                with contextlib.suppress(Exception):  # calibrates with a sample later than every record here
+                    self.clock_sample()
             try:
                 cols, ext, calls = self._decode(blob, ends, full, calls=resolve is not None)
             except Exception as exc:  # noqa: BLE001  a bad buffer must not stop the harvester
@@ -776,6 +820,10 @@ class CuptiSource:
             if best is None or t1 - t0 < 2 * best[2]:
                 best = (int(c), (t0 + t1) // 2, (t1 - t0 + 1) // 2)
         assert best is not None
+        if _TICKS:
+            if host is time.perf_counter_ns:
+                _calibrate(best[0], best[1])
+            best = (int(_to_ns(best[0])), best[1], best[2])
         return best
 
     # -- internals ---------------------------------------------------------------------------------------------
@@ -931,14 +979,14 @@ class CuptiSource:
             api_rows = at[(kinds == self._k_api[0]) | (kinds == self._k_api[1])]
             api = {
                 "thread": column(api_rows, "api", "thread_id").astype(np.int64),
-                "start": column(api_rows, "api", "start").astype(np.int64),
+                "start": _to_ns(column(api_rows, "api", "start").astype(np.int64)),
                 "correlation_id": column(api_rows, "api", "correlation_id").astype(np.int64),
             }
             if full and api_rows.size:
                 self._extras["api"].append(
                     api
                     | {
-                        "end": column(api_rows, "api", "end").astype(np.int64),
+                        "end": _to_ns(column(api_rows, "api", "end").astype(np.int64)),
                         "cbid": column(api_rows, "api", "cbid").astype(np.int64),
                         "runtime": (views[4][api_rows] == self._k_api[1]).astype(np.int64),
                     }
@@ -948,13 +996,14 @@ class CuptiSource:
         if self._k_memory >= 0:
             rows = at[kinds == self._k_memory]
             if rows.size:
-                self._extras["memory"].append(
-                    {f: column(rows, "memory", f).astype(np.int64) for f in self._fields["memory"]}
-                )
+                memory = {f: column(rows, "memory", f).astype(np.int64) for f in self._fields["memory"]}
+                memory["timestamp"] = _to_ns(memory["timestamp"])
+                self._extras["memory"].append(memory)
         if self._k_marker >= 0:
             rows = at[kinds == self._k_marker]
             if rows.size:
                 marks = {f: column(rows, "marker", f).astype(np.int64) for f in self._fields["marker"]}
+                marks["timestamp"] = _to_ns(marks["timestamp"])
                 marks["name"] = self._strings(marks["name"])
                 marks["domain"] = self._strings(marks["domain"])
                 self._extras["marker"].append(marks)
@@ -1007,7 +1056,7 @@ class CuptiSource:
             return None, ext, api
         names = ("row", *wanted, "runtime_correlation_id")
         cols = dict(zip(names, groups[0] if len(groups) == 1 else map(np.concatenate, zip(*groups))))
-        start, end = cols["start"], cols["end"]
+        start, end = cols["start"], cols["end"] = _to_ns(cols["start"]), _to_ns(cols["end"])
         keep = np.flatnonzero((start > 0) & (end >= start))
         self.incomplete_records += start.size - keep.size
         if len(groups) > 1:
