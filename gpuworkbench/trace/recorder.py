@@ -771,9 +771,8 @@ class Trace:
 
     def _in_window(self, block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The rows of a block of other libraries' work whose call (or start, where no call is known) came before this
-        trace stopped: CUPTI runs on after a stop until the trace's own ops are in, and sees work enqueued then. (A
-        lower bound at the trace's start as well dropped two of three PyTorch kernels in a trace after a torch.profiler
-        session on an H100; why is not known.)"""
+        trace stopped: CUPTI runs on after a stop until the trace's own ops are in, and sees work enqueued then. The
+        start needs no bound: CUPTI records nothing before the trace starts it but work already running."""
         if not self.stopped_ns:
             return block
         keep = np.where(block["enqueue_ns"] >= 0, block["enqueue_ns"], block["start_ns"]) <= self.stopped_ns
