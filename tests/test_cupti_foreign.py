@@ -289,3 +289,34 @@ def test_tick_timestamps_after_another_profiler_are_mapped_back_to_nanoseconds(m
     cupti_mod._calibrate(7, 1)
     cupti_mod._calibrate(7 + 2_000_000, 1 + 2_000_000)  # a clock in ns: rate 1
     assert cupti_mod._to_ns(123_456) == 123_456
+
+
+def test_the_api_filter_is_set_once_and_cleared_for_another_tool(monkeypatch):
+    """Setting CUPTI's per-API switches is one call per API (~1.5 ms a trace start): set once, kept while no kind of
+    ours is on, cleared when torch.profiler takes CUPTI (it then records every call again)."""
+    import enum
+
+    calls: list[tuple[str, int, int]] = []
+    driver = enum.IntEnum("driver", {"INVALID": 0, "cuLaunchKernel": 1, "cuCtxGetCurrent": 2})
+    runtime = enum.IntEnum("runtime", {"INVALID": 0, "cudaLaunchKernel_v7000": 1, "cudaGetDevice_v3020": 2})
+    fake = types.SimpleNamespace(
+        driver_api_trace_cbid=driver,
+        runtime_api_trace_cbid=runtime,
+        activity_enable_driver_api=lambda cbid, on: calls.append(("driver", cbid, on)),
+        activity_enable_runtime_api=lambda cbid, on: calls.append(("runtime", cbid, on)),
+    )
+    monkeypatch.setattr(cupti_mod, "_API_FILTER_SET", False)
+    source = cupti_mod.CuptiSource()
+    source._cupti = fake
+    assert source._filter_api(True)
+    assert sorted(calls) == [("driver", 1, 1), ("driver", 2, 0), ("runtime", 1, 1), ("runtime", 2, 0)]
+    calls.clear()
+    source._disable_all()
+    assert source._filter_api(True) and calls == []  # the next trace's start: nothing to set
+    assert source._filter_api(False) and sorted(calls) == [
+        ("driver", 1, 1),
+        ("driver", 2, 1),
+        ("runtime", 1, 1),
+        ("runtime", 2, 1),
+    ]
+    assert not cupti_mod._API_FILTER_SET

@@ -536,6 +536,8 @@ def _layout(cupti: Any) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str
 #: ticks per ns, and a trace's records fell outside its ops' enqueue windows). From then on every timestamp read is
 #: mapped back to nanoseconds by a line through a reference sample and the latest one (``_calibrate``).
 _TICKS = False
+#: Whether CUPTI records only the API calls that enqueue device work (``CuptiSource._filter_api``).
+_API_FILTER_SET = False
 _TICK_REF: tuple[int, int] | None = None  # (CUPTI timestamp, perf_counter_ns) of the first sample since
 _TICKS_PER_NS = 1.0
 
@@ -881,12 +883,16 @@ class CuptiSource:
             with contextlib.suppress(Exception):
                 self._cupti.activity_disable(kind)
         self._enabled = []
-        if self.api_filtered:
-            self._filter_api(False)
-            self.api_filtered = False
+        self.api_filtered = False  # the filter itself stays set (see _filter_api)
 
     def _filter_api(self, on: bool) -> bool:
-        """Record only the device-work API calls (``on``) or every call again; False if this CUPTI cannot."""
+        """Record only the device-work API calls (``on``) or every call again; False if this CUPTI cannot. Setting it
+        is one CUPTI call per API (~1.5 ms of a trace's start and as much of its stop, measured on an H200), so it is
+        set once and stays set while no kind of ours is on (it filters only the API records, which nobody else takes
+        then); ``hand_over`` clears it before torch.profiler takes CUPTI."""
+        global _API_FILTER_SET
+        if on == _API_FILTER_SET:
+            return True
         cupti = self._cupti
         try:
             for domain, enum_cls, set_api in (
@@ -902,6 +908,7 @@ class CuptiSource:
                     set_api(int(member), int(keep))
         except Exception:  # noqa: BLE001  (an older CUPTI without per-API switches: records every call)
             return False
+        _API_FILTER_SET = on
         return True
 
     def api_name(self, runtime: int, cbid: int) -> str:
@@ -1140,6 +1147,13 @@ def hand_over() -> None:
     raw = _RAW
     if raw is not None and _ACTIVE is None:
         raw.hand_back()
+        if _API_FILTER_SET:
+            with contextlib.suppress(Exception):
+                from cupti import cupti
+
+                source = CuptiSource()
+                source._cupti = cupti
+                source._filter_api(False)  # the other tool records every API call again
 
 
 def other_client() -> str:
