@@ -281,11 +281,14 @@ class _RawCupti:
         self.end_status = -1  # CUPTI_ERROR_MAX_LIMIT_REACHED, set by the source from cupti-python's enum
         self.buffers_walked_by_cupti = 0
         self.last_walk_status = 0
+        #: Whether CUPTI's buffer callbacks are ours as far as we know (registering costs ~1 ms: done when not).
+        self.ours = False
 
     def hand_back(self) -> bool:
         """Give CUPTI's buffer callbacks back to PyTorch's profiler (Kineto) where it is loaded: Kineto may register
         its callbacks only once per process, so after a trace of ours its next session would otherwise send its
         records to us (measured: torch.profiler then saw 0 kernels). True when handed back."""
+        self.ours = False  # the other tool registers its own anyway
         callbacks = _kineto_callbacks()
         if callbacks is None:
             return False
@@ -296,6 +299,7 @@ class _RawCupti:
         status = self.lib.cuptiActivityRegisterCallbacks(self._request_fn, self._complete_fn)
         if status:
             raise _CuptiCallFailed("cuptiActivityRegisterCallbacks", status)
+        self.ours = True
 
     def _on_request(self, buf_out: Any, size_out: Any, max_records_out: Any) -> None:
         """CUPTI asks for an empty buffer (on whichever thread records an activity): one from the pool."""
@@ -658,7 +662,8 @@ class CuptiSource:
                     self._setup_tables(cupti)
                     self._tables_ready = True
                 _ACTIVE = self  # before enabling, so that no buffer completes without a receiver
-                self._raw.register()
+                if not self._raw.ours:
+                    self._raw.register()
                 for name in ACTIVITY_KINDS + API_CARRIER_KINDS:
                     kind = cupti.ActivityKind[name]
                     cupti.activity_enable(kind)
@@ -1154,6 +1159,13 @@ def hand_over() -> None:
                 source = CuptiSource()
                 source._cupti = cupti
                 source._filter_api(False)  # the other tool records every API call again
+
+
+def callbacks_unknown() -> None:
+    """Another client may have registered CUPTI's buffer callbacks (torch was loaded before we watched its profiler):
+    the next start registers ours again."""
+    if _RAW is not None:
+        _RAW.ours = False
 
 
 def other_client() -> str:

@@ -90,6 +90,7 @@ def _hook_torch_profiler() -> None:
 
     prepare.gpuworkbench_hook = True  # type: ignore[attr-defined]
     module._prepare_profiler = prepare
+    cupti_source.callbacks_unknown()  # a profiler session before the hook may have taken the callbacks
 
 
 def _weak(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -257,6 +258,7 @@ class Trace:
         self._event_ops = 0  # ops timed by events handed over (CUPTI ops are counted by CuptiOps)
         self.started_ns = self.stopped_ns = 0
         self._stop = threading.Event()
+        self._hurry = threading.Event()  # set by the next trace that waits for CUPTI: drain without pausing
         self._thread: threading.Thread | None = None
         self._op_ids = itertools.count(1)
         self._version = 0  # bumped whenever spans or memory samples are added
@@ -392,6 +394,7 @@ class Trace:
         global _CUPTI_OWNER
         owner = _CUPTI_OWNER
         if owner is not None and owner is not self and not owner.recording and owner._thread is not None:
+            owner._hurry.set()  # its next pass now: a forced flush brings the records of ops already done
             owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
         cupti_module.prepare()  # once per process; begun when a CUDA Device opened or at %load_ext
         source = cupti_module.CuptiSource()  # one per trace, as CUPTI serves one trace at a time
@@ -638,7 +641,8 @@ class Trace:
         stopping = False
         while True:
             if stopping:  # stopped, ops still running: drain at a gentle pace, never in a busy loop
-                time.sleep(min(self.interval_s, _DRAIN_S))
+                self._hurry.wait(min(self.interval_s, _DRAIN_S))
+                self._hurry.clear()
             else:
                 stopping = self._stop.wait(self.interval_s)
             cpu = time.thread_time()
