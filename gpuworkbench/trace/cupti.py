@@ -540,6 +540,25 @@ def _layout(cupti: Any) -> tuple[dict[str, dict[str, tuple[int, int]]], dict[str
 #: ticks per ns, and a trace's records fell outside its ops' enqueue windows). From then on every timestamp read is
 #: mapped back to nanoseconds by a line through a reference sample and the latest one (``_calibrate``).
 _TICKS = False
+#: The tables a source makes from cupti-python's enums and dtypes, per cupti module (kept with it: ids are reused).
+_TABLES: dict[int, tuple[Any, dict[str, Any]]] = {}
+_TABLE_ATTRS = (
+    "_k_kernels",
+    "_k_memcpy",
+    "_k_memset",
+    "_k_ext",
+    "_k_api",
+    "_k_memory",
+    "_k_marker",
+    "_api_names",
+    "_ext_kind",
+    "_copy_names",
+    "_pinned_of",
+    "_host_src",
+    "_host_dst",
+    "_fields",
+    "layout_notes",
+)
 #: Whether CUPTI records only the API calls that enqueue device work (``CuptiSource._filter_api``).
 _API_FILTER_SET = False
 _TICK_REF: tuple[int, int] | None = None  # (CUPTI timestamp, perf_counter_ns) of the first sample since
@@ -843,7 +862,17 @@ class CuptiSource:
         self._joiner = ExternalIdJoin(HOLD_FLUSHES, EXT_KEEP_FLUSHES, EXT_MAP_MAX)
 
     def _setup_tables(self, cupti: Any) -> None:
-        """Kind codes, enum lookup tables and record layouts from cupti-python; the expected sizes to the walker."""
+        """Kind codes, enum lookup tables and record layouts from cupti-python; the expected sizes to the walker.
+        Made once per process (~0.3 ms of a trace's start otherwise) and shared by every source."""
+        cached = _TABLES.get(id(cupti))
+        if cached is not None and cached[0] is cupti:
+            self.__dict__.update(cached[1])
+            self.layout_notes = list(self.layout_notes)  # notes added later are this source's
+            return
+        self._make_tables(cupti)
+        _TABLES[id(cupti)] = (cupti, {name: getattr(self, name) for name in _TABLE_ATTRS})
+
+    def _make_tables(self, cupti: Any) -> None:
         kind = cupti.ActivityKind
         self._k_kernels = (int(kind.CONCURRENT_KERNEL), int(kind.KERNEL))
         self._k_memcpy = int(kind.MEMCPY)
