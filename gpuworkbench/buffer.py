@@ -13,6 +13,7 @@ from ._memory import as_dtype
 from .backends.base import BufferArg
 from .errors import BufferClosed, InvalidArgument, _fmt_bytes
 from .streams import Event, Stream
+from .trace.spans import PEER_ROUTES, peer_copy_name
 
 if TYPE_CHECKING:
     from .device import Device
@@ -27,7 +28,9 @@ class Buffer:
     def __init__(self, device: Device, n: int, dtype: np.dtype, handle: Any) -> None:
         self.device, self._len, self.dtype, self._handle = device, n, dtype, handle
         self._shape: tuple[int, ...] = (n,)
-        self._inflight: dict[int, Any] = {}  # stream id -> completion of the last op on that stream using this buffer
+        # stream id -> completion of the last op on that stream using this buffer; a peer copy's stream on another
+        # device is keyed ("peer", id(device), stream id)
+        self._inflight: dict[Any, Any] = {}
         self._freed = False
         self._lock = threading.Lock()
 
@@ -97,16 +100,18 @@ class Buffer:
     def _arg(self) -> BufferArg:
         return BufferArg(self._check(), self.dtype, self._len)
 
-    def _touch(self, stream_id: int, completion: Any) -> None:
+    def _touch(self, stream_id: Any, completion: Any) -> None:
         # Streams are in order: the last op on a stream stands for every earlier one there. O(1) on the launch path.
         self._inflight[stream_id] = completion
 
     def _order_after_inflight(self, stream: Stream) -> None:
-        """Make ``stream`` wait (device-side) for every unfinished op on this buffer from other streams."""
+        """Make ``stream`` wait (device-side) for every unfinished op on this buffer from other streams; ``stream`` may
+        be another device's (a peer copy), whose backend then waits for this device's completions."""
+        same = stream.device is self.device
         with self._lock:
-            pending = [c for sid, c in list(self._inflight.items()) if sid != stream.id and not c.done()]
+            pending = [c for sid, c in list(self._inflight.items()) if not (same and sid == stream.id) and not c.done()]
         for c in pending:
-            self.device._backend.wait_event(stream._raw, c)
+            stream.device._backend.wait_event(stream._raw, c)
 
     # ------------------------------------------------------------------ checks
     def _check_host(self, host: Any, *, writable: bool, asynchronous: bool) -> np.ndarray:
@@ -187,13 +192,15 @@ class Buffer:
         return host.reshape(self._shape) if out is None else host
 
     def copy_from(self, other: Buffer, stream: Stream | None = None, name: str | None = None) -> Event:
-        """Device → device copy of ``other`` into this buffer, enqueued on ``stream`` (default stream if None);
-        returns an Event. Non-blocking."""
+        """Device → device copy of ``other`` into this buffer, enqueued on ``stream`` (this buffer's device; its default
+        stream if None); returns an Event. Non-blocking.
+
+        On one device it is a byte copy (equal sizes in bytes). ``other`` may be on another device of the same backend
+        (a peer copy: same dtype and length): CUDA copies peer to peer where the driver allows it, else through host
+        memory, as OpenCL always does. With no ``stream`` the copy waits for unfinished work on both buffers."""
         dst, src = self._check(), other._check()
         if other.device is not self.device:
-            raise InvalidArgument(
-                f"copy_from needs both buffers on one device ({other.device.spec} → {self.device.spec})"
-            )
+            return self._copy_peer(other, dst, src, stream, name)
         if other.size_bytes != self.size_bytes:
             raise InvalidArgument(f"{self._describe()} cannot take {other._describe()}: sizes differ")
         s = self._stream(stream)
@@ -212,6 +219,35 @@ class Buffer:
         )
         self._touch(event.stream.id, event._completion)
         other._touch(event.stream.id, event._completion)
+        return event
+
+    def _copy_peer(self, other: Buffer, dst: Any, src: Any, stream: Stream | None, name: str | None) -> Event:
+        """``copy_from`` across two devices of one backend: a ``d2d`` span on this device's stream whose name ends in
+        ``[SRC → DST, ROUTE]`` (``trace.spans.peer_copy_name``), so the analysis can tell peer copies and their path."""
+        if other.device.backend_kind is not self.device.backend_kind:
+            raise InvalidArgument(
+                f"copy_from needs both buffers on one device, or on two devices of one backend: {self._describe()} "
+                f"cannot take {other._describe()}; copy through the host (copy_to_host, then copy_from_host)"
+            )
+        if other.dtype != self.dtype or other._len != self._len:
+            raise InvalidArgument(
+                f"{self._describe()} cannot take {other._describe()}: a copy between devices needs the same dtype and "
+                "length"
+            )
+        s = self._stream(stream)
+        backend, source = self.device._backend, other.device._backend
+        route = backend.peer_route(source)
+        if stream is None:
+            self._order_after_inflight(s)
+            other._order_after_inflight(s)
+        nbytes = self.size_bytes
+        path = PEER_ROUTES[0] if route.direct else PEER_ROUTES[2] if route.possible else PEER_ROUTES[1]
+        label = peer_copy_name(name or f"p2p {_fmt_bytes(nbytes)}", other.device.spec, self.device.spec, path)
+        event = s._enqueue(
+            "d2d", nbytes, label, -1, lambda timed: backend.copy_peer(dst, source, src, nbytes, s._raw, timed)
+        )
+        self._touch(event.stream.id, event._completion)
+        other._touch(("peer", id(self.device), event.stream.id), event._completion)
         return event
 
     def fill_bytes(self, byte: int = 0, stream: Stream | None = None, name: str | None = None) -> Event:

@@ -60,6 +60,13 @@ class KernelLimits(NamedTuple):
 PORTABLE_LIMITS = KernelLimits(1024, (1024, 1024, 64), 48 << 10)
 
 
+class PeerRoute(NamedTuple):
+    """How a copy from another device of the same backend reaches a device (``BackendDevice.peer_route``)."""
+
+    direct: bool  # the copy goes device to device, not through host memory
+    possible: bool  # the driver reports a direct path between the two devices (used or not)
+
+
 class ClockSample(NamedTuple):
     """One reading of the device clock and the host clock (``time.perf_counter_ns``) at the same moment."""
 
@@ -193,6 +200,34 @@ class BackendDevice(ABC):
     def kernel_limits(self) -> KernelLimits:
         """The largest block this device runs; launches past it are refused before they reach the driver."""
         return PORTABLE_LIMITS
+
+    # Peer copies (Buffer.copy_from between two devices of this backend). The front end has already made ``stream``
+    # wait (``wait_event``) for the source buffer's unfinished ops, so ``wait_event`` must take completions of the
+    # backend's other devices.
+    def peer_route(self, src: BackendDevice) -> PeerRoute:
+        """How ``copy_peer`` from ``src`` travels; asked once per copy, so cache what it costs to learn."""
+        return PeerRoute(direct=False, possible=False)
+
+    def copy_peer(
+        self, dst: Any, src_device: BackendDevice, src: Any, nbytes: int, stream: Any, timed: bool
+    ) -> Completion:
+        """Enqueue on ``stream`` a copy of ``nbytes`` from ``src`` (a buffer of ``src_device``) into ``dst``, after the
+        work enqueued on ``stream`` before it.
+
+        This default stages through host memory and blocks the caller until the copy is done (waiting for
+        ``stream`` first); its span covers only the write into ``dst``. Backends override it with an enqueued copy.
+        """
+        self.synchronize_stream(stream)
+        host = np.empty(nbytes, np.uint8)
+        if nbytes:
+            side = src_device.create_stream()
+            try:
+                src_device.copy_d2h(host, src, 0, side, False).wait()
+            finally:
+                src_device.destroy_stream(side)
+        completion = self.copy_h2d(dst, 0, host, stream, timed)
+        completion.wait()
+        return completion
 
     @abstractmethod
     def clock_sample(self) -> ClockSample:

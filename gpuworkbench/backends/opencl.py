@@ -70,6 +70,26 @@ class _ClCompletion:
             return None
 
 
+class _PeerCompletion(_ClCompletion):
+    """A peer copy staged through the host: the read on the source device, then the write on this one (``event``).
+
+    Its span runs from the read's start, moved onto this device's clock through both devices' clock samples, to the
+    write's end: the time the destination stream was held by the copy."""
+
+    __slots__ = ("read", "shift", "host")
+
+    def __init__(self, write: Any, read: Any, shift: int, host: np.ndarray) -> None:
+        super().__init__(write)
+        self.read, self.shift, self.host = read, shift, host  # host: the staging array, alive until done
+
+    def times_ns(self) -> tuple[int, int] | None:
+        try:
+            start, end = int(self.read.profile.start) + self.shift, int(self.event.profile.end)
+            return min(start, int(self.event.profile.start)), end
+        except Exception:  # noqa: BLE001 - profiling info missing, as in _ClCompletion
+            return None
+
+
 class _Queue:
     """A stream: an in-order command queue with profiling on."""
 
@@ -94,6 +114,8 @@ class OpenCLDevice(BackendDevice):
         self._pinned_ranges: dict[int, tuple[int, int]] = {}  # live pinned arrays' address ranges
         self._pinned_keys = itertools.count()
         self._lock = threading.Lock()
+        self._clock_offset: int | None = None  # device ns - host ns at the last clock sample (peer copy spans)
+        self._peer_queue: Any = None  # reads of this device's buffers for peer copies into other devices
 
     def memory_info(self) -> tuple[int, int]:
         total = self.info.total_memory
@@ -193,10 +215,56 @@ class OpenCLDevice(BackendDevice):
 
     def wait_event(self, stream: _Queue, completion: Any) -> None:
         if isinstance(completion, _ClCompletion):
-            _cl().enqueue_barrier(stream.queue, wait_for=[completion.event])
+            _cl().enqueue_barrier(stream.queue, wait_for=[self._local(completion.event)])
             stream.queue.flush()
         else:
             completion.wait()
+
+    def _local(self, event: Any) -> Any:
+        """``event`` itself when it belongs to this device's context; for another device's event (a peer copy), a
+        user event of this context completed by its callback, so that no host thread waits."""
+        cl = _cl()
+        if event.context.int_ptr == self._ctx.int_ptr:
+            return event
+        mirror = cl.UserEvent(self._ctx)
+        complete = cl.command_execution_status.COMPLETE
+        event.set_callback(complete, lambda status: mirror.set_status(complete if status >= 0 else status))
+        return mirror
+
+    # ------------------------------------------------------------------ peer copies
+    def copy_peer(
+        self, dst: Any, src_device: BackendDevice, src: Any, nbytes: int, stream: _Queue, timed: bool
+    ) -> _ClCompletion:
+        """Through host memory, enqueued on both devices: a marker on ``stream``, the source's read after it (on its
+        own peer queue), then the write on ``stream`` after the read; events chain across the two contexts by
+        callbacks (``_local``), so nothing here blocks."""
+        if not isinstance(src_device, OpenCLDevice):
+            return super().copy_peer(dst, src_device, src, nbytes, stream, timed)
+        cl = _cl()
+        if nbytes == 0:
+            return self.record(stream)
+        shift = 0
+        if timed:
+            for dev in (self, src_device):
+                if dev._clock_offset is None:
+                    dev.clock_sample()
+            shift = self._clock_offset - src_device._clock_offset
+        marker = cl.enqueue_marker(stream.queue)
+        stream.queue.flush()
+        host = np.empty(nbytes, np.uint8)
+        read_queue = src_device._reader()
+        read = cl.enqueue_copy(read_queue, host, src, wait_for=[src_device._local(marker)], is_blocking=False)
+        read_queue.flush()
+        write = cl.enqueue_copy(stream.queue, dst, host, wait_for=[self._local(read)], is_blocking=False)
+        stream.queue.flush()
+        return _PeerCompletion(write, read, shift, host)
+
+    def _reader(self) -> Any:
+        with self._lock:
+            if self._peer_queue is None:
+                props = _cl().command_queue_properties.PROFILING_ENABLE
+                self._peer_queue = _cl().CommandQueue(self._ctx, self._dev, properties=props)
+            return self._peer_queue
 
     def synchronize_stream(self, stream: _Queue) -> None:
         stream.queue.finish()
@@ -269,10 +337,13 @@ class OpenCLDevice(BackendDevice):
             if best is None or sample.error_ns < best.error_ns:
                 best = sample
         assert best is not None
+        self._clock_offset = best.device_ns - best.host_ns
         return best
 
     def close(self) -> None:
         self._scratch_queue.finish()
+        if self._peer_queue is not None:
+            self._peer_queue.finish()
 
 
 class OpenCLBackend(Backend):
