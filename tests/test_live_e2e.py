@@ -21,19 +21,24 @@ from lab_browser import chromium_page, notebook, running_lab
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 TRACED_CELL = """\
-%%gpu
+%%gpu -o traced
 import gpuworkbench as gw
 import numpy as np
 dev = gw.Device('cpu')
 b = dev.alloc(1 << 20)
 s = dev.create_stream()
-b.copy_from_host_async(np.ones(1 << 20, np.float32), s).wait()"""
+scale_add = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")
+inputs = [np.full(1 << 20, i, np.float32) for i in range(8)]
+outputs = [np.empty(1 << 20, np.float32) for _ in range(8)]
+with gw.Pipeline(dev, lambda x, y, st: scale_add(x, y, stream=st), depth=3) as pipe:
+    pipe.run(inputs, outputs)"""
+#: The traced cell's statistics: kernels by time, copies by direction and host memory.
+STATS_CELL = "traced.statistics()"
 LIVE_CELL = "%gpu live"
 LOOP_SECONDS = 8.0
 #: Copies and small kernels for LOOP_SECONDS: the live dashboard has to follow them while this cell runs.
 LOOP_CELL = f"""\
 import time
-scale_add = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")
 y = dev.alloc(1 << 20)
 host = np.ones(1 << 20, np.float32)
 end = time.monotonic() + {LOOP_SECONDS}
@@ -51,7 +56,7 @@ SHOTS = os.environ.get("GPUWB_E2E_SHOTS")
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """A running JupyterLab (base URL, token) serving a notebook folder with ``live.ipynb``; stopped afterwards."""
-    nb = notebook("%load_ext gpuworkbench", TRACED_CELL, LIVE_CELL, LOOP_CELL)
+    nb = notebook("%load_ext gpuworkbench", TRACED_CELL, STATS_CELL, LIVE_CELL, LOOP_CELL)
     with running_lab(tmp_path_factory.mktemp("live-lab"), {"live.ipynb": nb}) as served:
         yield served
 
@@ -100,7 +105,7 @@ def test_traced_timeline_and_live_dashboard_update_while_cell_runs(page, lab: tu
     notebook = page.locator(".jp-NotebookPanel .jp-Notebook")
     expect(notebook).to_be_visible(timeout=TIMEOUT_MS)
     cells = notebook.locator(".jp-Cell")
-    expect(cells).to_have_count(4, timeout=TIMEOUT_MS)
+    expect(cells).to_have_count(5, timeout=TIMEOUT_MS)
     # Run All before the kernel is connected is silently lost: wait for the toolbar's kernel status to read idle.
     expect(page.locator(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_attached(
         timeout=TIMEOUT_MS
@@ -109,8 +114,11 @@ def test_traced_timeline_and_live_dashboard_update_while_cell_runs(page, lab: tu
     _run_all_cells(page, cells)
 
     # The %%gpu cell shows a rendered Bokeh timeline (locators pierce Bokeh's shadow DOM).
-    traced, live, loop = cells.nth(1), cells.nth(2), cells.nth(3)
+    traced, stats, live, loop = cells.nth(1), cells.nth(2), cells.nth(3), cells.nth(4)
     expect(traced.locator(".jp-OutputArea .bk-Canvas").first).to_be_attached(timeout=TIMEOUT_MS)
+    # The statistics of the pipeline: its one kernel by name, and the copies both ways.
+    expect(stats.locator(".jp-OutputArea")).to_contain_text("scale_add", timeout=TIMEOUT_MS)
+    expect(stats.locator(".jp-OutputArea")).to_contain_text("h2d")
 
     # While the loop cell has not finished (its prompt still [*]), the dashboard's span count grows: two reads
     # READ_GAP_S apart, each taken before the prompt was seen still running. Polled, so a slow page loses nothing.
@@ -144,6 +152,7 @@ def test_traced_timeline_and_live_dashboard_update_while_cell_runs(page, lab: tu
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
         live.screenshot(path=str(Path(SHOTS) / "live-dashboard.png"))
         traced.locator(".jp-OutputArea").screenshot(path=str(Path(SHOTS) / "timeline.png"))
+        stats.locator(".jp-OutputArea").screenshot(path=str(Path(SHOTS) / "statistics.png"))
     # The live timeline is a rendered Bokeh canvas too.
     expect(live.locator(".jp-OutputArea .bk-Canvas").first).to_be_attached()
 
