@@ -881,8 +881,10 @@ class Trace:
 
         return trace_statistics(self)
 
-    def timeline(self, **kw: Any):  # noqa: ANN201 - a bokeh figure
-        """A Bokeh timeline, one row per device stream (options: ``viz.timeline_figure``); waits for pending spans."""
+    def timeline(self, **kw: Any):  # noqa: ANN201 - a bokeh column
+        """A Bokeh timeline: the detail view (a row per host thread and device stream) over an overview strip, in one
+        column (options: ``viz.timeline_figure``; ``gw.compare(a, b).figure()`` puts two on one axis); waits for
+        pending spans."""
         from ..viz.timeline import trace_timeline
 
         return trace_timeline(self, **kw)
