@@ -10,6 +10,7 @@ from typing import Any
 
 from . import library, ops
 from .buffer import Buffer
+from .crossovers import CrossoverResult, crossover
 from .device import BackendKind, Device, backend_status, devices
 from .errors import (
     BackendUnavailable,
@@ -85,6 +86,7 @@ __all__ = [
     "Buffer",
     "BufferClosed",
     "CompileError",
+    "CrossoverResult",
     "Device",
     "DeviceTimeout",
     "ElementwiseKernel",
@@ -110,6 +112,7 @@ __all__ = [
     "backend_status",
     "barrier",
     "compare",
+    "crossover",
     "devices",
     "elementwise",
     "f32",

@@ -50,9 +50,18 @@ class Kernel:
         self.device, self._raw, self.name, self.source = device, raw, name, source
 
     def __call__(
-        self, grid: Any, block: Any, args: Sequence[Any], stream: Stream | None = None, name: str | None = None
+        self,
+        grid: Any,
+        block: Any,
+        args: Sequence[Any],
+        stream: Stream | None = None,
+        name: str | None = None,
+        nbytes: int = 0,
     ) -> Event:
-        """Enqueue the kernel on ``stream`` (the device's default stream if None). Non-blocking; returns an Event."""
+        """Enqueue the kernel on ``stream`` (the device's default stream if None). Non-blocking; returns an Event.
+
+        ``nbytes``: the bytes the kernel reads and writes, where the caller knows them; traces keep it in the span's
+        ``bytes`` (``gw.library`` sets it, so that the analysis can tell the problem size)."""
         grid_t, block_t = _dims(grid, "grid"), _dims(block, "block")
         if not isinstance(args, (tuple, list)):
             raise InvalidArgument("kernel args must be a tuple or list")
@@ -74,7 +83,7 @@ class Kernel:
         backend, raw = self.device._backend, self._raw
         event = stream._enqueue(
             "kernel",
-            0,
+            nbytes,
             name or self.name,
             -1,
             lambda timed: backend.launch(raw, grid_t, block_t, converted, stream._raw, timed),

@@ -200,11 +200,13 @@ class PythonKernel:
         *args: Any,
         stream: Stream | None = None,
         block: Sequence[int] | int | None = None,
+        nbytes: int = 0,
     ) -> Event:
         """Run the body once per index of ``shape`` (``n``, or NumPy's ``(rows, cols)`` for 2-D) on ``stream``.
 
         ``block`` (threads per block, x first) defaults to the kernel's; a cooperative kernel's ``shape`` must be a
-        multiple of it. Non-blocking; returns an Event."""
+        multiple of it; ``nbytes`` (what the launch reads and writes, where known) goes to the trace's ``bytes``.
+        Non-blocking; returns an Event."""
         dims = _shape(shape, self.ir.ndim, self.name)
         nx, ny = (dims[0], 1) if self.ir.ndim == 1 else (dims[1], dims[0])
         threads = self._block(block)
@@ -232,7 +234,7 @@ class PythonKernel:
                 grid = (_WGSL_MAX_GROUPS, -(-groups // _WGSL_MAX_GROUPS))
         else:
             grid = (-(-nx // threads[0]), -(-ny // threads[1]))
-        return self._run(device, stream, grid, threads, values, nx, ny)
+        return self._run(device, stream, grid, threads, values, nx, ny, nbytes)
 
     def __call__(
         self, grid: Sequence[int] | int, block: Sequence[int] | int, args: Sequence[Any], stream: Stream | None = None
@@ -262,11 +264,12 @@ class PythonKernel:
         values: list[Any],
         nx: int,
         ny: int,
+        nbytes: int = 0,
     ) -> Event:
         self._check_block(device, block)
         kernel = self.compile(device, block)
         extents = [np.int32(nx), np.int32(ny)][: self.ir.ndim]
-        return kernel(grid, block, [*values, *extents], stream=stream, name=self.name)
+        return kernel(grid, block, [*values, *extents], stream=stream, name=self.name, nbytes=nbytes)
 
     def _check_block(self, device: Device, block: tuple[int, ...]) -> None:
         """InvalidArgument for a block larger than ``device`` runs: threads in all, per axis, shared bytes."""

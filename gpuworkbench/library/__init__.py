@@ -9,6 +9,10 @@ Each op takes NumPy arrays with ``device=`` (copied there and back: the call blo
 Inputs are float32 (WebGPU's only float); shapes and dtypes that do not fit raise InvalidArgument naming both.
 Row operations (softmax, log_softmax, layer_norm, and sum / max / argmax / cumsum with ``axis=-1``) work along the
 last axis; ``axis=None`` reduces (or for cumsum, scans) the flattened array, as NumPy does.
+
+Every launch records the bytes its kernel reads and writes in the trace's ``bytes`` column (``KERNEL_BYTES`` spells
+them out per kernel), so that an analysis can tell the problem size from a span: ``gw.crossover`` measures from which
+size each op beats NumPy, and the advice ``too-small-for-gpu`` compares the spans' bytes with it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,20 @@ __all__ = ["argmax", "cumsum", "layer_norm", "log_softmax", "matmul", "max", "so
 
 Array = Any  # a NumPy array or a gw.Buffer
 _METHODS = {"naive": k.matmul_naive, "tiled": k.matmul_tiled}
+_F = 4  # bytes of a float32 (and of argmax's int32)
+
+#: What each kernel's span carries in ``bytes``: the bytes its launch reads and writes (inputs once, output once).
+KERNEL_BYTES = {
+    "matmul_tiled": "4·(m·k + k·n + m·n): a, b and c",
+    "matmul_naive": "4·(m·k + k·n + m·n): a, b and c",
+    "transpose": "8·rows·cols: x and its transpose",
+    "row_softmax": "8·rows·cols: x and the result (softmax and log_softmax)",
+    "row_layer_norm": "8·rows·cols + 8·cols: x, the result, gamma and beta",
+    "row_sum": "4·rows·cols + 4·rows: x and one result per row",
+    "row_max": "4·rows·cols + 4·rows: x and one result per row",
+    "row_argmax": "4·rows·cols + 4·rows: x and one int32 per row",
+    "row_cumsum": "8·rows·cols: x and the scan",
+}
 
 
 def _round_up(v: int, to: int) -> int:
@@ -50,9 +68,9 @@ def _rows(call: Call, name: str, axis: int | None) -> tuple[int, int, tuple[int,
     return int(np.prod(shape[:-1], dtype=np.int64)), cols, shape[:-1]
 
 
-def _launch_rows(kernel: Any, call: Call, rows: int, *args: Any) -> None:
+def _launch_rows(kernel: Any, call: Call, rows: int, nbytes: int, *args: Any) -> None:
     if rows:
-        kernel.launch(rows * k.ROW, *args, stream=call.stream)
+        kernel.launch(rows * k.ROW, *args, stream=call.stream, nbytes=nbytes)
 
 
 def matmul(
@@ -80,7 +98,7 @@ def matmul(
         ba, bb = call.buffer("a"), call.buffer("b")
         if m and n:
             shape = (_round_up(m, k.TILE), _round_up(n, k.TILE)) if method == "tiled" else (m, n)
-            kernel.launch(shape, c, ba, bb, m, n, kk, stream=call.stream)
+            kernel.launch(shape, c, ba, bb, m, n, kk, stream=call.stream, nbytes=_F * (m * kk + kk * n + m * n))
         return call.result(c)
 
 
@@ -98,7 +116,7 @@ def transpose(x: Array, out: Array | None = None, *, device: Device | str | None
         bx = call.buffer("x")
         if rows and cols:
             k.transpose.launch((_round_up(rows, k.TILE), _round_up(cols, k.TILE)), result, bx, rows, cols,
-                               stream=call.stream)  # fmt: skip
+                               stream=call.stream, nbytes=2 * _F * rows * cols)  # fmt: skip
         return call.result(result)
 
 
@@ -106,7 +124,7 @@ def _softmax(op: str, x: Array, out: Array | None, device: Any, stream: Any, tak
     with Call(op, {"x": x}, device, stream) as call:
         rows, cols, _ = _rows(call, "x", -1)
         result = call.output(out, call.shape("x"))
-        _launch_rows(k.row_softmax, call, rows, result, call.buffer("x"), cols, take_log)
+        _launch_rows(k.row_softmax, call, rows, 2 * _F * rows * cols, result, call.buffer("x"), cols, take_log)
         return call.result(result)
 
 
@@ -148,7 +166,8 @@ def layer_norm(
             else:
                 params.append(call.alloc((builtins.max(cols, 1),)))
                 params[-1].copy_from_host(np.full(builtins.max(cols, 1), fill, np.float32))
-        _launch_rows(k.row_layer_norm, call, rows, result, call.buffer("x"), *params, cols, np.float32(eps))
+        nbytes = 2 * _F * (rows * cols + cols)
+        _launch_rows(k.row_layer_norm, call, rows, nbytes, result, call.buffer("x"), *params, cols, np.float32(eps))
         return call.result(result)
 
 
@@ -159,7 +178,7 @@ def _reduce(op: str, kernel: Any, x: Array, axis: int | None, out: Any, device: 
         if cols == 0 and op in ("max", "argmax"):
             raise InvalidArgument(f"{op}: x {call.shape('x')} has no elements to take the {op} of")
         result = call.output(out, shape or (1,), dtype)
-        _launch_rows(kernel, call, rows, result, call.buffer("x"), cols)
+        _launch_rows(kernel, call, rows, _F * (rows * cols + rows), result, call.buffer("x"), cols)
         return call.result(result, scalar=not shape and out is None)
 
 
@@ -188,5 +207,5 @@ def cumsum(x: Array, axis: int | None = None, out: Array | None = None, *, devic
         rows, cols, _ = _rows(call, "x", axis)
         shape = call.shape("x") if axis is not None else (cols,)
         result = call.output(out, shape)
-        _launch_rows(k.row_cumsum, call, rows, result, call.buffer("x"), cols)
+        _launch_rows(k.row_cumsum, call, rows, 2 * _F * rows * cols, result, call.buffer("x"), cols)
         return call.result(result)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpuworkbench.errors import InvalidArgument
-from gpuworkbench.trace.spans import HOST_KINDS, KIND_CODE, KINDS
+from gpuworkbench.trace.spans import HOST_KINDS, KIND_CODE, KINDS, PEER_ROUTES, parse_peer_copy
 
 #: Intervals as two int64 arrays ``(starts, ends)``; the functions below return them sorted, disjoint and non-touching.
 Intervals = tuple[np.ndarray, np.ndarray]
@@ -47,6 +47,7 @@ _LAUNCH_GAP_RATIO = 0.5  # median gap before a kernel / median kernel duration
 _SERIAL_UNION_SHARE = 0.9  # |union of one direction| / sum of its durations
 _SERIAL_BLOCKED_SHARE = 0.1  # time a ready copy waited on another stream's copy / |union of that direction|
 _SERIAL_MAX_HIDDEN_SHARE = 0.5  # |that direction ∩ (K ∪ other direction)| / |that direction|
+_SMALL_SHARE = 0.5  # kernels of a library op below its crossover / all its kernels of known size (more than this)
 
 _REQUIRED_COLUMNS = ("kind", "device", "stream", "start_ns", "end_ns", "enqueue_ns", "bytes", "pinned")
 
@@ -159,13 +160,37 @@ def _covered(states: dict[str, int], *engines: str) -> int:
 class Advice:
     """One finding about a trace, named by a stable ``code``, with a message in the user's words.
 
-    Codes: ``pageable-memory``, ``one-stream``, ``host-wait``, ``launch-bound``, ``same-direction-copies``.
+    Codes: ``pageable-memory``, ``one-stream``, ``host-wait``, ``launch-bound``, ``same-direction-copies``,
+    ``too-small-for-gpu``.
     """
 
     code: str
     message: str
     severity: str = "warning"  # "warning" (costs time now) or "info" (worth knowing)
     device: int = 0
+
+
+@dataclass(frozen=True)
+class CrossoverPoint:
+    """Where a library op starts to beat NumPy on one device, as ``gw.crossover`` measured it.
+
+    Kernel spans named ``kernel`` whose ``bytes`` (what the launch read and wrote) are below ``bytes`` ran at sizes
+    where NumPy on the host was faster. ``size`` is the crossover in the op's ``unit`` ("n" for an n × n matmul,
+    "elements" otherwise), None when the device never won up to ``largest``; ``with_copies`` likewise, counting the
+    host↔device copies.
+    """
+
+    op: str
+    kernel: str
+    bytes: int
+    size: int | None
+    unit: str
+    largest: int
+    with_copies: int | None = None
+
+
+#: Crossover points per device number, each by kernel span name: what ``summarize(crossover=...)`` takes.
+Crossovers = Mapping[int, Mapping[str, CrossoverPoint]]
 
 
 @dataclass(frozen=True)
@@ -261,10 +286,12 @@ _FORWARDED = (
 class Summary:
     """A trace's figures, one ``DeviceSummary`` per device; ``summary.overlap_pct`` etc. read the first device.
 
-    Most traces use one device, so its figures are one attribute away; ``advice`` gathers every device's.
+    Most traces use one device, so its figures are one attribute away; ``advice`` gathers every device's, then the
+    cross-device advice. ``cross_device`` holds the figures across devices (None with one device and no peer copy).
     """
 
     devices: dict[int, DeviceSummary]
+    cross_device: CrossDevice | None = None
 
     @property
     def first_device(self) -> DeviceSummary:
@@ -275,18 +302,22 @@ class Summary:
 
     @property
     def advice(self) -> list[Advice]:
-        """Advice for every device, device by device."""
-        return [item for device in sorted(self.devices) for item in self.devices[device].advice]
+        """Advice for every device, device by device, then the cross-device advice."""
+        per_device = [item for device in sorted(self.devices) for item in self.devices[device].advice]
+        return per_device + (self.cross_device.advice if self.cross_device is not None else [])
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values only, ready for ``json.dumps``."""
-        return {"devices": {device: ds.to_dict() for device, ds in sorted(self.devices.items())}}
+        out: dict[str, Any] = {"devices": {device: ds.to_dict() for device, ds in sorted(self.devices.items())}}
+        if self.cross_device is not None:
+            out["cross_device"] = self.cross_device.to_dict()
+        return out
 
     def __str__(self) -> str:
-        return _text(self.devices, self.advice)
+        return _text(self.devices, self.advice, self.cross_device)
 
     def _repr_html_(self) -> str:
-        return _html(self.devices, self.advice)
+        return _html(self.devices, self.advice, self.cross_device)
 
 
 def _forward(name: str) -> property:
@@ -317,6 +348,7 @@ class _DeviceSpans:
     bytes: np.ndarray
     pinned: np.ndarray
     duration: np.ndarray
+    index: np.ndarray  # the rows of the table these spans are
 
     def rows(self, mask: np.ndarray) -> Intervals:
         return self.start[mask], self.end[mask]
@@ -365,6 +397,7 @@ def _device_spans(table: Mapping[str, np.ndarray], device: int, window: tuple[in
         bytes=np.asarray(table["bytes"], dtype=np.int64)[rows],
         pinned=np.asarray(table["pinned"])[rows],
         duration=end - start,
+        index=rows,
     )
 
 
@@ -462,7 +495,7 @@ def _bandwidth(spans: _DeviceSpans, code: int) -> float | None:
     return None if busy == 0 else float(spans.bytes[sel].sum()) / busy
 
 
-def _summarize_device(spans: _DeviceSpans, theta_ns: int) -> DeviceSummary:
+def _summarize_device(spans: _DeviceSpans, theta_ns: int, small: list[Advice] | None = None) -> DeviceSummary:
     window_ns = spans.w1 - spans.w0
     states = _states(spans)
     h, d, k, c = _covered(states, "H"), _covered(states, "D"), _covered(states, "K"), _covered(states, "H", "D")
@@ -510,21 +543,32 @@ def _summarize_device(spans: _DeviceSpans, theta_ns: int) -> DeviceSummary:
     )
     kernel_leads = gaps["lead"][spans.kind[work][gaps["order"]] == _KERNEL]
     advice = _advise(spans, summary_without_advice, kernel_leads[kernel_leads >= 0])
-    return replace(summary_without_advice, advice=advice)
+    return replace(summary_without_advice, advice=advice + (small or []))
 
 
 def summarize(
-    table: Mapping[str, np.ndarray], window: tuple[int, int] | None = None, theta_ns: int = DEFAULT_THETA_NS
+    table: Mapping[str, np.ndarray],
+    window: tuple[int, int] | None = None,
+    theta_ns: int = DEFAULT_THETA_NS,
+    crossover: Crossovers | None = None,
 ) -> Summary:
     """The DESIGN §6 figures of every device in ``table``: overlap, idle, 8 states, efficiency, bandwidth, advice.
 
     ``window`` = (start_ns, end_ns), e.g. a cell's wall time, replaces W = [first op start, last op end]; spans are
-    clipped to it. Vectorised, so that a 10^6-span table summarises in well under a second.
+    clipped to it. ``crossover``: per device number, the measured crossover of each library kernel (by span name;
+    ``gw.crossover`` makes them), for the advice ``too-small-for-gpu``. Vectorised, so that a 10^6-span table
+    summarises in well under a second.
     """
     _check_table(table)
     window = _check_window(window)
     devices = [int(d) for d in np.unique(np.asarray(table["device"]))]
-    return Summary({d: _summarize_device(_device_spans(table, d, window), theta_ns) for d in devices})
+    found = {}
+    for d in devices:
+        spans = _device_spans(table, d, window)
+        points = crossover.get(d) if crossover else None
+        small = _too_small(spans, table, points) if points else None
+        found[d] = _summarize_device(spans, theta_ns, small)
+    return Summary(found, cross_device(table, window))
 
 
 def state_segments(
@@ -626,6 +670,58 @@ def _advise(spans: _DeviceSpans, summary: DeviceSummary, kernel_leads: np.ndarra
     return found
 
 
+def _too_small(
+    spans: _DeviceSpans, table: Mapping[str, np.ndarray], points: Mapping[str, CrossoverPoint]
+) -> list[Advice]:
+    """``too-small-for-gpu``, once per library op: of its kernels whose size is known (``bytes`` > 0, spans named as
+    a measured crossover's ``kernel``), more than half read and wrote fewer bytes than the op does at its measured
+    crossover (at any size measured, where the device never won), so NumPy on the host would have been faster."""
+    if "name" not in table:
+        return []
+    kernel = (spans.kind == _KERNEL) & (spans.bytes > 0)
+    if not kernel.any():
+        return []
+    names = np.asarray(table["name"], dtype=object)[spans.index[kernel]]
+    nbytes = spans.bytes[kernel]
+    found = []
+    for name in sorted(points):
+        point = points[name]
+        mine = names == name
+        count = int(np.count_nonzero(mine))
+        if count == 0:
+            continue
+        below = int(np.count_nonzero(nbytes[mine] < point.bytes))
+        if below <= _SMALL_SHARE * count:
+            continue
+        ran = f"{below} of {count} {point.op} kernels ({name})"
+        if point.size is None:
+            where = (
+                f"{ran} ran at sizes where this device did not beat NumPy on the host in any size measured (up to "
+                f"{_format_size(point.largest, point.unit)})"
+            )
+        else:
+            where = (
+                f"{ran} ran below {_format_size(point.size, point.unit)}, the size from which this device beats "
+                "NumPy on the host"
+            )
+            if point.with_copies is not None:
+                where += f" ({_format_size(point.with_copies, point.unit)} counting the copies)"
+        found.append(
+            Advice(
+                "too-small-for-gpu",
+                f"{where}, as gw.crossover measured. At these sizes the launch and the copies cost more than the "
+                "work: give each call more work (batch rows or matrices together), or keep such small ops on the host.",
+                device=spans.device,
+            )
+        )
+    return found
+
+
+def _format_size(size: int, unit: str) -> str:
+    """A crossover size in its op's unit: "n = 512" (an n × n matmul) or "65,536 elements"."""
+    return f"n = {size}" if unit == "n" else f"{size:,} elements"
+
+
 def _serialised_copies(spans: _DeviceSpans, code: int, label: str) -> str | None:
     """The same-direction-copies message for one direction, or None when the rule (see ``_advise``) does not fire."""
     sel = spans.kind == code
@@ -657,6 +753,208 @@ def _serialised_copies(spans: _DeviceSpans, code: int, label: str) -> str | None
         f"A device has one copy engine per direction, so splitting a copy over streams does not speed it up; "
         f"overlap {label} with kernels or the other direction instead (a pipeline of batches)."
     )
+
+
+# --- across devices -------------------------------------------------------------------------------------------------
+
+# device-imbalance fires when, among the devices that ran kernels, the busiest was busy at least this many times as
+# long as the least busy one, and longer by at least _IMBALANCE_MIN_NS (so that short or near-even traces stay quiet).
+_IMBALANCE_RATIO = 1.25
+_IMBALANCE_MIN_NS = 1_000_000
+
+
+@dataclass(frozen=True)
+class PeerCopies:
+    """The peer copies of one source, destination and route (``trace.spans.PEER_ROUTES``), devices named by spec.
+
+    ``time_ns`` is the union of their spans; ``bandwidth_gbps`` = bytes / ``time_ns`` (bytes per ns = GB/s)."""
+
+    source: str
+    destination: str
+    route: str
+    count: int
+    bytes: int
+    time_ns: int
+    bandwidth_gbps: float | None
+    direct_path: bool  # the driver reported a direct path (taken or not)
+
+
+@dataclass(frozen=True)
+class CrossDevice:
+    """Figures across the trace's devices over one window W (first op of any device to the last op of any).
+
+    ``busy_ns``: per device |A|, the union of its device work in W; ``busy_pct`` = 100·|A| / |W|. The slowest device
+    is the one whose work ends last: ``waited_ns`` says, per device, how long after its own last op it waited for the
+    slowest one's (0 for the slowest), what joining the devices' results costs. ``peer_copy_ns`` is the union of every
+    peer copy's span. Advice codes: ``device-imbalance``, ``peer-copy-staged``.
+    """
+
+    window_start_ns: int
+    window_end_ns: int
+    window_ns: int
+    busy_ns: dict[int, int]
+    busy_pct: dict[int, float | None]
+    slowest_device: int
+    waited_ns: dict[int, int]
+    peer_copies: list[PeerCopies]
+    peer_copy_ns: int
+    advice: list[Advice]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values only, ready for ``json.dumps``."""
+        return asdict(self)
+
+
+def cross_device(table: Mapping[str, np.ndarray], window: tuple[int, int] | None = None) -> CrossDevice | None:
+    """Busy time per device, the slowest device and the others' wait for it, peer copies with their bandwidth, and the
+    advice ``device-imbalance`` and ``peer-copy-staged``; None when fewer than two devices worked and no peer copy ran.
+
+    ``window`` = (start_ns, end_ns) replaces W, as in ``summarize``. Peer copies are the ``d2d`` spans named by
+    ``trace.spans.peer_copy_name`` (a table without names has none)."""
+    _check_table(table)
+    window = _check_window(window)
+    kind = np.asarray(table["kind"])
+    work = _IS_WORK[kind]
+    device = np.asarray(table["device"], dtype=np.int64)
+    start = np.asarray(table["start_ns"], dtype=np.int64)
+    end = np.asarray(table["end_ns"], dtype=np.int64)
+    names = table.get("name")
+    peer_rows = []
+    if names is not None:
+        for i in np.flatnonzero(kind == KIND_CODE["d2d"]).tolist():
+            route = parse_peer_copy(str(names[i]))
+            if route is not None:
+                peer_rows.append((i, route))
+    working = [int(d) for d in np.unique(device[work])]
+    if len(working) < 2 and not peer_rows:
+        return None
+    if window is None:
+        w0, w1 = (int(start[work].min()), int(end[work].max())) if work.any() else (0, 0)
+    else:
+        w0, w1 = window
+    busy: dict[int, int] = {}
+    last_end: dict[int, int] = {}
+    for d in working:
+        rows = work & (device == d)
+        busy[d] = total_length(clip((start[rows], end[rows]), w0, w1))
+        last_end[d] = min(int(end[rows].max()), w1)
+    slowest = max(working, key=lambda d: (last_end[d], busy[d], -d)) if working else -1
+    peer_idx = np.array([i for i, _ in peer_rows], dtype=np.int64)
+    return CrossDevice(
+        window_start_ns=w0,
+        window_end_ns=w1,
+        window_ns=w1 - w0,
+        busy_ns=busy,
+        busy_pct={d: _pct(b, w1 - w0) for d, b in busy.items()},
+        slowest_device=slowest,
+        waited_ns={d: last_end[slowest] - last_end[d] for d in working},
+        peer_copies=_peer_copies(peer_rows, table, start, end, w0, w1),
+        peer_copy_ns=total_length(clip((start[peer_idx], end[peer_idx]), w0, w1)),
+        advice=_imbalance(working, busy, kind, device) + _staged(peer_rows, table, device),
+    )
+
+
+def _peer_copies(
+    rows: list[tuple[int, tuple[str, str, str]]],
+    table: Mapping[str, np.ndarray],
+    start: np.ndarray,
+    end: np.ndarray,
+    w0: int,
+    w1: int,
+) -> list[PeerCopies]:
+    """The peer copies grouped by (source, destination, route), in order of first appearance."""
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for i, key in rows:
+        groups.setdefault(key, []).append(i)
+    nbytes_col = np.asarray(table["bytes"], dtype=np.int64)
+    found = []
+    for (src, dst, route), idx in groups.items():
+        time_ns = total_length(clip((start[idx], end[idx]), w0, w1))
+        nbytes = int(nbytes_col[idx].sum())
+        found.append(
+            PeerCopies(
+                source=src,
+                destination=dst,
+                route=route,
+                count=len(idx),
+                bytes=nbytes,
+                time_ns=time_ns,
+                bandwidth_gbps=nbytes / time_ns if time_ns else None,
+                direct_path=route != PEER_ROUTES[1],
+            )
+        )
+    return found
+
+
+def _imbalance(working: list[int], busy: dict[int, int], kind: np.ndarray, device: np.ndarray) -> list[Advice]:
+    """``device-imbalance``: among the devices that ran kernels (two or more), the busiest was busy ≥ 1.25 × as long
+    as the least busy one and ≥ 1 ms longer (devices that only received copies are not compared)."""
+    ran_kernels = [d for d in working if np.any((kind == _KERNEL) & (device == d))]
+    if len(ran_kernels) < 2:
+        return []
+    most = max(ran_kernels, key=lambda d: (busy[d], -d))
+    least = min(ran_kernels, key=lambda d: (busy[d], d))
+    hi, lo = busy[most], busy[least]
+    if hi - lo < _IMBALANCE_MIN_NS or hi < _IMBALANCE_RATIO * lo:
+        return []
+    mean = sum(busy[d] for d in ran_kernels) / len(ran_kernels)
+    ratio = f"{hi / lo:.2f} ×" if lo else "the other idle"
+    return [
+        Advice(
+            "device-imbalance",
+            f"device {most} was busy {_format_ns(hi)}, device {least} {_format_ns(lo)} ({ratio}; this advice fires "
+            f"from {_IMBALANCE_RATIO} × and 1 ms apart): the devices that ran kernels were unevenly loaded, and "
+            f"whatever waits for all of them waits for the busiest. Spread evenly, each would be busy "
+            f"{_format_ns(mean)}, {_format_ns(hi - mean)} less than device {most}: give each device work in "
+            "proportion to its speed.",
+            device=most,
+        )
+    ]
+
+
+def _staged(
+    rows: list[tuple[int, tuple[str, str, str]]], table: Mapping[str, np.ndarray], device: np.ndarray
+) -> list[Advice]:
+    """``peer-copy-staged``, once per (source, destination): a peer copy went through host memory although the
+    driver reports a direct path between the two devices (its span's route is "staged, direct path unused")."""
+    staged: dict[tuple[str, str], list[int]] = {}
+    for i, (src, dst, route) in rows:
+        if route == PEER_ROUTES[2]:
+            staged.setdefault((src, dst), []).append(i)
+    nbytes_col = np.asarray(table["bytes"], dtype=np.int64)
+    return [
+        Advice(
+            "peer-copy-staged",
+            f"{_count(len(idx), 'peer copy', 'peer copies')} ({_format_bytes(int(nbytes_col[idx].sum()))}) from {src} "
+            f"to {dst} went through host memory although the driver reports a direct path between them: peer access "
+            "could not be enabled (a GPU reaches at most 8 peers; some virtual machines refuse it). A direct copy "
+            "moves the bytes once, device to device, instead of twice through the host.",
+            device=int(device[idx[0]]),
+        )
+        for (src, dst), idx in staged.items()
+    ]
+
+
+def _cross_rows(cross: CrossDevice) -> list[tuple[str, str]]:
+    """(name, value) pairs of the cross-device figures."""
+    busy = ", ".join(f"{d}: {_format_pct(cross.busy_pct[d])}" for d in sorted(cross.busy_ns)) or "n/a"
+    others = sorted((d, ns) for d, ns in cross.waited_ns.items() if d != cross.slowest_device)
+    waited = ", ".join(f"{d}: {_format_ns(ns)}" for d, ns in others) or "none"
+    rows = [("window W", _format_ns(cross.window_ns)), ("busy % per device", busy)]
+    if cross.busy_ns:
+        rows.append(("slowest device", f"{cross.slowest_device}; the others waited for it: {waited}"))
+    for pc in cross.peer_copies:
+        bandwidth = "n/a" if pc.bandwidth_gbps is None else f"{pc.bandwidth_gbps:.3g} GB/s"
+        rows.append(
+            (
+                f"peer copy {pc.source} → {pc.destination}",
+                f"{_count(pc.count, 'copy', 'copies')}, {_format_bytes(pc.bytes)} in {_format_ns(pc.time_ns)}, "
+                f"{bandwidth} ({pc.route})",
+            )
+        )
+    if cross.peer_copies:
+        rows.append(("peer copy time", _format_ns(cross.peer_copy_ns)))
+    return rows
 
 
 # --- rendering ------------------------------------------------------------------------------------------------------
@@ -711,13 +1009,16 @@ def _rows(ds: DeviceSummary) -> list[tuple[str, str]]:
     ]
 
 
-def _text(devices: dict[int, DeviceSummary], advice: list[Advice]) -> str:
+def _text(devices: dict[int, DeviceSummary], advice: list[Advice], cross: CrossDevice | None = None) -> str:
     if not devices:
         return "no spans traced"
     lines = []
     for device, ds in sorted(devices.items()):
         lines.append(f"device {device}")
         lines += [f"  {name:<20} {value}" for name, value in _rows(ds)]
+    if cross is not None:
+        lines.append("across devices")
+        lines += [f"  {name:<20} {value}" for name, value in _cross_rows(cross)]
     if advice:
         lines.append("advice")
         prefix = len(devices) > 1
@@ -725,7 +1026,7 @@ def _text(devices: dict[int, DeviceSummary], advice: list[Advice]) -> str:
     return "\n".join(lines)
 
 
-def _html(devices: dict[int, DeviceSummary], advice: list[Advice]) -> str:
+def _html(devices: dict[int, DeviceSummary], advice: list[Advice], cross: CrossDevice | None = None) -> str:
     if not devices:
         return "<p>no spans traced</p>"
     ordered = [ds for _, ds in sorted(devices.items())]
@@ -738,6 +1039,14 @@ def _html(devices: dict[int, DeviceSummary], advice: list[Advice]) -> str:
         for i, (name, _) in enumerate(columns[0])
     )
     out = f"<table class='gpuworkbench-summary'><thead><tr><th></th>{head}</tr></thead><tbody>{body}</tbody></table>"
+    if cross is not None:
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(name)}</th><td style='text-align:left'>"
+            f"{html.escape(value)}</td></tr>"
+            for name, value in _cross_rows(cross)
+        )
+        out += "<table class='gpuworkbench-cross-device'><thead><tr><th colspan='2'>across devices</th></tr></thead>"
+        out += f"<tbody>{rows}</tbody></table>"
     if advice:
         items = "".join(
             f"<li><b>{html.escape(a.code)}</b> ({html.escape(a.severity)}, device {a.device}): {html.escape(a.message)}"
