@@ -23,6 +23,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
+from ._progress import Progress as _Progress
 from .errors import GpuError, _fmt_bytes
 from .trace.spans import KIND_CODE
 
@@ -37,7 +38,10 @@ LINE_USAGE = """\
 %gpu live [stop]                  a dashboard that keeps updating while later cells run; stop it
 %gpu export PATH [--live]         write the last %%gpu trace (or the live one) as Chrome-trace JSON
 %gpu load PATH [-o NAME]          read a Chrome / Kineto trace (PyTorch profiler, an export) and show it like %%gpu
-%gpu bench copy|launch|pipeline   quick benchmarks on the current device"""
+%gpu bench copy|launch|pipeline   quick benchmarks on the current device
+%gpu bench crossover [OP ...] [--sizes N,N,...] [--repeats R] [--budget S] [--refresh]
+                                  from which size each library op (all: no OP) beats NumPy, with and without
+                                  copies: a table and a log-log plot (cached per device; --refresh measures again)"""
 CELL_USAGE = "%%gpu [-o NAME] [--no-show] [--device BACKEND[:N]]   trace the cell; show timeline, memory and summary"
 
 #: How many traced cells :data:`history` keeps (the oldest go first).
@@ -109,34 +113,6 @@ class _Table:
         )
         notes = "".join(f"<div>{html.escape(n)}</div>" for n in self.notes)
         return f"<table class='gpuworkbench-devices'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{notes}"
-
-
-class _Progress:
-    """Progress of a benchmark: an ipywidgets bar in a notebook, one line of text per step elsewhere."""
-
-    def __init__(self, title: str, total: int, notebook: bool) -> None:
-        self.title, self.total, self.done = title, total, 0
-        self._bar: Any = None
-        if notebook:
-            try:
-                import ipywidgets as widgets
-            except ImportError:
-                widgets = None
-            if widgets is not None:
-                self._bar = widgets.IntProgress(value=0, min=0, max=total, description=title)
-                self._label = widgets.Label("")
-                display(widgets.HBox([self._bar, self._label]))
-
-    def step(self, what: str) -> None:
-        self.done += 1
-        if self._bar is not None:
-            self._bar.value, self._label.value = self.done, what
-        else:
-            print(f"{self.title} [{self.done}/{self.total}] {what}", flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.bar_style = "success"
 
 
 def _link_notes(found: Sequence[Any]) -> list[str]:
@@ -415,16 +391,62 @@ class GpuMagics(Magics):
 
     # ------------------------------------------------------------------ %gpu bench
     def _bench(self, args: list[str]) -> None:
-        """Run one quick benchmark on the current device: ``copy``, ``launch`` or ``pipeline``."""
+        """Run one benchmark on the current device: ``copy``, ``launch``, ``pipeline`` or ``crossover [OP ...]``."""
         benches = {"copy": self._bench_copy, "launch": self._bench_launch, "pipeline": self._bench_pipeline}
+        if args and args[0] == "crossover":
+            try:
+                self.last_bench = self._bench_crossover(args[1:])
+            except GpuError as exc:
+                _error("%gpu bench crossover", exc)
+            return
         if len(args) != 1 or args[0] not in benches:
-            _error("%gpu bench", "choose one of: copy, launch, pipeline")
+            _error("%gpu bench", "choose one of: copy, launch, pipeline, crossover [OP ...]")
             return
         try:
             dev = self.current_device()
             self.last_bench = benches[args[0]](dev)
         except GpuError as exc:
             _error(f"%gpu bench {args[0]}", exc)
+
+    def _bench_crossover(self, args: list[str]) -> dict[str, Any] | None:
+        """``gw.crossover`` on the current device: the table, then the log-log plot (in a notebook)."""
+        from .crossovers import crossover
+
+        ops: list[str] = []
+        options: dict[str, Any] = {}
+        words = iter(args)
+        for word in words:
+            name, _, value = word.partition("=")
+            if name in ("--sizes", "--repeats", "--budget") and not value:
+                value = next(words, "")
+            try:
+                if name == "--sizes":
+                    options["sizes"] = [int(v) for v in value.split(",") if v]
+                elif name == "--repeats":
+                    options["repeats"] = int(value)
+                elif name == "--budget":
+                    options["budget_s"] = float(value)
+                elif name == "--refresh":
+                    options["refresh"] = True
+                elif word.startswith("-"):
+                    _error("%gpu bench crossover", f"unknown option {word}\n{LINE_USAGE}")
+                    return None
+                else:
+                    ops.append(word)
+            except ValueError:
+                _error("%gpu bench crossover", f"{name} takes a number (--sizes: numbers separated by commas), not "
+                                               f"{value!r}")  # fmt: skip
+                return None
+        result = crossover(ops or None, self.current_device(), progress=True, **options)
+        self._present(result)
+        if self._notebook:
+            from bokeh.io import show
+
+            from .viz import inline_setup
+
+            inline_setup()  # BokehJS from the package (no CDN), once
+            show(result.figure())
+        return {"device": result.device, "result": result, "crossover": result.crossover}
 
     def _bench_copy(self, dev: Device) -> dict[str, Any]:
         """Host↔device copy bandwidth from page-locked ("pinned") and ordinary ("pageable") host memory."""

@@ -47,6 +47,7 @@ _LAUNCH_GAP_RATIO = 0.5  # median gap before a kernel / median kernel duration
 _SERIAL_UNION_SHARE = 0.9  # |union of one direction| / sum of its durations
 _SERIAL_BLOCKED_SHARE = 0.1  # time a ready copy waited on another stream's copy / |union of that direction|
 _SERIAL_MAX_HIDDEN_SHARE = 0.5  # |that direction ∩ (K ∪ other direction)| / |that direction|
+_SMALL_SHARE = 0.5  # kernels of a library op below its crossover / all its kernels of known size (more than this)
 
 _REQUIRED_COLUMNS = ("kind", "device", "stream", "start_ns", "end_ns", "enqueue_ns", "bytes", "pinned")
 
@@ -159,13 +160,37 @@ def _covered(states: dict[str, int], *engines: str) -> int:
 class Advice:
     """One finding about a trace, named by a stable ``code``, with a message in the user's words.
 
-    Codes: ``pageable-memory``, ``one-stream``, ``host-wait``, ``launch-bound``, ``same-direction-copies``.
+    Codes: ``pageable-memory``, ``one-stream``, ``host-wait``, ``launch-bound``, ``same-direction-copies``,
+    ``too-small-for-gpu``.
     """
 
     code: str
     message: str
     severity: str = "warning"  # "warning" (costs time now) or "info" (worth knowing)
     device: int = 0
+
+
+@dataclass(frozen=True)
+class CrossoverPoint:
+    """Where a library op starts to beat NumPy on one device, as ``gw.crossover`` measured it.
+
+    Kernel spans named ``kernel`` whose ``bytes`` (what the launch read and wrote) are below ``bytes`` ran at sizes
+    where NumPy on the host was faster. ``size`` is the crossover in the op's ``unit`` ("n" for an n × n matmul,
+    "elements" otherwise), None when the device never won up to ``largest``; ``with_copies`` likewise, counting the
+    host↔device copies.
+    """
+
+    op: str
+    kernel: str
+    bytes: int
+    size: int | None
+    unit: str
+    largest: int
+    with_copies: int | None = None
+
+
+#: Crossover points per device number, each by kernel span name: what ``summarize(crossover=...)`` takes.
+Crossovers = Mapping[int, Mapping[str, CrossoverPoint]]
 
 
 @dataclass(frozen=True)
@@ -323,6 +348,7 @@ class _DeviceSpans:
     bytes: np.ndarray
     pinned: np.ndarray
     duration: np.ndarray
+    index: np.ndarray  # the rows of the table these spans are
 
     def rows(self, mask: np.ndarray) -> Intervals:
         return self.start[mask], self.end[mask]
@@ -371,6 +397,7 @@ def _device_spans(table: Mapping[str, np.ndarray], device: int, window: tuple[in
         bytes=np.asarray(table["bytes"], dtype=np.int64)[rows],
         pinned=np.asarray(table["pinned"])[rows],
         duration=end - start,
+        index=rows,
     )
 
 
@@ -468,7 +495,7 @@ def _bandwidth(spans: _DeviceSpans, code: int) -> float | None:
     return None if busy == 0 else float(spans.bytes[sel].sum()) / busy
 
 
-def _summarize_device(spans: _DeviceSpans, theta_ns: int) -> DeviceSummary:
+def _summarize_device(spans: _DeviceSpans, theta_ns: int, small: list[Advice] | None = None) -> DeviceSummary:
     window_ns = spans.w1 - spans.w0
     states = _states(spans)
     h, d, k, c = _covered(states, "H"), _covered(states, "D"), _covered(states, "K"), _covered(states, "H", "D")
@@ -516,22 +543,32 @@ def _summarize_device(spans: _DeviceSpans, theta_ns: int) -> DeviceSummary:
     )
     kernel_leads = gaps["lead"][spans.kind[work][gaps["order"]] == _KERNEL]
     advice = _advise(spans, summary_without_advice, kernel_leads[kernel_leads >= 0])
-    return replace(summary_without_advice, advice=advice)
+    return replace(summary_without_advice, advice=advice + (small or []))
 
 
 def summarize(
-    table: Mapping[str, np.ndarray], window: tuple[int, int] | None = None, theta_ns: int = DEFAULT_THETA_NS
+    table: Mapping[str, np.ndarray],
+    window: tuple[int, int] | None = None,
+    theta_ns: int = DEFAULT_THETA_NS,
+    crossover: Crossovers | None = None,
 ) -> Summary:
     """The DESIGN §6 figures of every device in ``table``: overlap, idle, 8 states, efficiency, bandwidth, advice.
 
     ``window`` = (start_ns, end_ns), e.g. a cell's wall time, replaces W = [first op start, last op end]; spans are
-    clipped to it. Vectorised, so that a 10^6-span table summarises in well under a second.
+    clipped to it. ``crossover``: per device number, the measured crossover of each library kernel (by span name;
+    ``gw.crossover`` makes them), for the advice ``too-small-for-gpu``. Vectorised, so that a 10^6-span table
+    summarises in well under a second.
     """
     _check_table(table)
     window = _check_window(window)
     devices = [int(d) for d in np.unique(np.asarray(table["device"]))]
-    per_device = {d: _summarize_device(_device_spans(table, d, window), theta_ns) for d in devices}
-    return Summary(per_device, cross_device(table, window))
+    found = {}
+    for d in devices:
+        spans = _device_spans(table, d, window)
+        points = crossover.get(d) if crossover else None
+        small = _too_small(spans, table, points) if points else None
+        found[d] = _summarize_device(spans, theta_ns, small)
+    return Summary(found, cross_device(table, window))
 
 
 def state_segments(
@@ -631,6 +668,58 @@ def _advise(spans: _DeviceSpans, summary: DeviceSummary, kernel_leads: np.ndarra
         if message:
             found.append(Advice("same-direction-copies", message, severity="info", device=device))
     return found
+
+
+def _too_small(
+    spans: _DeviceSpans, table: Mapping[str, np.ndarray], points: Mapping[str, CrossoverPoint]
+) -> list[Advice]:
+    """``too-small-for-gpu``, once per library op: of its kernels whose size is known (``bytes`` > 0, spans named as
+    a measured crossover's ``kernel``), more than half read and wrote fewer bytes than the op does at its measured
+    crossover (at any size measured, where the device never won), so NumPy on the host would have been faster."""
+    if "name" not in table:
+        return []
+    kernel = (spans.kind == _KERNEL) & (spans.bytes > 0)
+    if not kernel.any():
+        return []
+    names = np.asarray(table["name"], dtype=object)[spans.index[kernel]]
+    nbytes = spans.bytes[kernel]
+    found = []
+    for name in sorted(points):
+        point = points[name]
+        mine = names == name
+        count = int(np.count_nonzero(mine))
+        if count == 0:
+            continue
+        below = int(np.count_nonzero(nbytes[mine] < point.bytes))
+        if below <= _SMALL_SHARE * count:
+            continue
+        ran = f"{below} of {count} {point.op} kernels ({name})"
+        if point.size is None:
+            where = (
+                f"{ran} ran at sizes where this device did not beat NumPy on the host in any size measured (up to "
+                f"{_format_size(point.largest, point.unit)})"
+            )
+        else:
+            where = (
+                f"{ran} ran below {_format_size(point.size, point.unit)}, the size from which this device beats "
+                "NumPy on the host"
+            )
+            if point.with_copies is not None:
+                where += f" ({_format_size(point.with_copies, point.unit)} counting the copies)"
+        found.append(
+            Advice(
+                "too-small-for-gpu",
+                f"{where}, as gw.crossover measured. At these sizes the launch and the copies cost more than the "
+                "work: give each call more work (batch rows or matrices together), or keep such small ops on the host.",
+                device=spans.device,
+            )
+        )
+    return found
+
+
+def _format_size(size: int, unit: str) -> str:
+    """A crossover size in its op's unit: "n = 512" (an n × n matmul) or "65,536 elements"."""
+    return f"n = {size}" if unit == "n" else f"{size:,} elements"
 
 
 def _serialised_copies(spans: _DeviceSpans, code: int, label: str) -> str | None:
