@@ -60,14 +60,28 @@ def trace(
     return Trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
 
 
-def live(trace: Trace | None = None, device: Device | str | None = None, **options: Any) -> Any:
+def live(trace: Trace | None = None, device: Device | str | None = None, client: Any = None, **options: Any) -> Any:
     """A dashboard widget that follows ``trace`` (or a trace it starts) while later cells run; ``.stop()`` ends it.
+    ``client`` (a Dask ``distributed.Client``): follow a trace of its whole cluster (``gw.dask.live``).
 
     Imports Bokeh and ipywidgets only when called, so that ``import gpuworkbench`` stays fast.
     """
+    if client is not None:
+        from .dask import live as _cluster_live
+
+        return _cluster_live(client, **options)
     from .viz.dashboard import live as _live
 
     return _live(trace, Device(device) if isinstance(device, str) else device, **options)
+
+
+def __getattr__(name: str) -> Any:
+    """``gw.dask`` on first use: ``import gpuworkbench`` does not import Dask."""
+    if name == "dask":
+        import importlib
+
+        return importlib.import_module(".dask", __name__)
+    raise AttributeError(f"module 'gpuworkbench' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's shell
