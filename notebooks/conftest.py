@@ -16,6 +16,8 @@ import pytest
 
 # Mesa's Vulkan loader (WebGPU on lavapipe) warns about a missing XDG_RUNTIME_DIR; the notebooks' kernels inherit this.
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="gpuwb-xdg-"))
+# gw.crossover's results go to a cache of this run, not the user's (notebook 11 measures a few small sizes).
+os.environ.setdefault("GPUWB_CACHE_DIR", tempfile.mkdtemp(prefix="gpuwb-cache-"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

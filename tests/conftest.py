@@ -6,12 +6,17 @@ conftest, whose module name ``conftest`` other conftest files (notebooks/) share
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 from support import BACKENDS, Gate, open_device, release_leftovers
 
 import gpuworkbench as gw
+
+# Trace.summary reads gw.crossover's cache for its advice: the tests see a cache of their own, empty at the start.
+os.environ.setdefault("GPUWB_CACHE_DIR", tempfile.mkdtemp(prefix="gpuwb-cache-"))
 
 
 @pytest.fixture(params=BACKENDS)

@@ -347,4 +347,5 @@ def test_library_kernels_record_their_bytes_and_the_cache_feeds_the_advice(cpu):
     codes = [a.code for a in summarize(table, crossover=points).advice]
     # the CPU backend runs kernels as NumPy code plus a launch: it never beats NumPy itself, so the advice fires
     assert points[0]["row_softmax"].size is None and codes.count("too-small-for-gpu") == 2
+    assert [a.code for a in t.summary().advice].count("too-small-for-gpu") == 2  # the trace's own summary reads it
     assert crossovers.cached_result(cpu).ops == ["matmul", "softmax"]  # the library's order

@@ -869,10 +869,16 @@ class Trace:
         return chrome_trace(self, path)
 
     def summary(self, window: tuple[int, int] | None = None):  # noqa: ANN201 - analysis.Summary
-        """Overlap, idle, pipeline efficiency and advice (DESIGN §6)."""
+        """Overlap, idle, pipeline efficiency and advice (DESIGN §6); ``too-small-for-gpu`` too where this machine's
+        crossovers are cached (``gw.crossover``)."""
+        from ..crossovers import cached_crossovers  # a seam: crossovers imports device, which imports this module
         from .analysis import summarize
 
-        return summarize(self.table(), window=window)
+        try:
+            crossover = cached_crossovers(self)
+        except Exception:  # noqa: BLE001 - an unreadable cache never stops a summary
+            crossover = None
+        return summarize(self.table(), window=window, crossover=crossover)
 
     def statistics(self):  # noqa: ANN201 - statistics.Statistics
         """Kernels by name, copies by direction and host memory, API calls and launch latency, as ``nsys stats``
