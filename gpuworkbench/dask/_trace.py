@@ -64,7 +64,7 @@ class ClusterTrace(Trace):
         *,
         live: bool = False,
         interval_s: float = 0.5,
-        clock_samples: int = 15,
+        clock_samples: int = 25,
         clock_shift_ns: Mapping[Any, int] | None = None,
         capacity: int = 1_000_000,
     ) -> None:
