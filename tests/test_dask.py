@@ -204,6 +204,37 @@ def test_live_gathers_while_recording(client):
     assert len(t) == 2 * (sum(PER_GW_TASK.values()) + 1)
 
 
+def test_gw_live_follows_the_cluster(client):
+    """``gw.live(client=...)``: the dashboard streams the cluster's spans while it runs, gathered at ≥ 2 Hz."""
+    pytest.importorskip("jupyter_bokeh")
+    addresses = _workers(client)
+    dash = gw.live(client=client, rate_hz=10)
+    try:
+        began = time.monotonic()
+        _run(client, addresses, gw_per_worker=1, numpy_per_worker=0)
+        while dash.spans_streamed == 0 and time.monotonic() - began < 10:
+            time.sleep(0.05)
+        streamed_live = dash.spans_streamed
+        time.sleep(max(0.0, 2.1 - (time.monotonic() - began)))  # 5 gatherings due at 2.5 Hz
+        elapsed = time.monotonic() - began
+    finally:
+        dash.stop()
+    assert streamed_live > 0 and not dash.errors
+    live_gathers = len(dash.trace.gathers) - 1  # the last one is the stop's
+    assert live_gathers / elapsed >= 2.0, (live_gathers, elapsed)
+    assert len(dash.trace) == 2 * (sum(PER_GW_TASK.values()) + 1)
+
+
+def test_import_does_not_load_dask():
+    import subprocess
+
+    code = (
+        "import sys, gpuworkbench as gw; assert 'distributed' not in sys.modules; "
+        "gw.dask; assert 'distributed' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_a_worker_killed_mid_trace(client):
     """One worker dies (os._exit) mid-trace: the other's spans are intact, the dead one is named in the warnings, and
     the worker the nanny starts in its place joins the trace."""
