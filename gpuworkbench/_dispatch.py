@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .trace import recorder
@@ -51,6 +52,18 @@ def enqueue(
     for (t, n), op_id in zip(numbered, ids):
         t.op_end(op_id, n, stream.id, kind, nbytes, name, pinned, enqueue_ns, completion, many, (t0, t1))
     return completion
+
+
+def enqueue_call(
+    stream: Stream, kind: str, nbytes: int, name: str, pinned: int, fn: Callable[..., Any], args: tuple, keep: Any
+) -> Any:
+    """``enqueue`` of the op ``fn(*args, timed)``: when nothing traces or captures, it is called at once with
+    ``timed=False`` and no closure is made (the launch path); otherwise it goes through ``enqueue``."""
+    if stream._capture is None and not recorder.ACTIVE:
+        completion = fn(*args, False)
+        stream._track(completion, keep)
+        return completion
+    return enqueue(stream, kind, nbytes, name, pinned, partial(fn, *args), keep)
 
 
 def host_event(device: Any, kind: str, nbytes: int, name: str, start_ns: int, address: int = 0) -> None:

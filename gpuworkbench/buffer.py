@@ -97,8 +97,17 @@ class Buffer:
     def _describe(self) -> str:
         return f"buffer of {self._len} {self.dtype} on {self.device.spec}"
 
-    def _arg(self) -> BufferArg:
-        return BufferArg(self._check(), self.dtype, self._len)
+    _karg: Any = None  # this buffer as its backend's launch takes it (``kernel_arg``), made at the first launch
+
+    def _arg(self) -> Any:
+        """The buffer as a kernel argument, made once (handle, dtype and length never change while it lives);
+        BufferClosed once it is freed or its device closed."""
+        if self._freed or self.device.closed:
+            self._check()
+        arg = self._karg
+        if arg is None:
+            arg = self._karg = self.device._backend.kernel_arg(BufferArg(self._check(), self.dtype, self._len))
+        return arg
 
     def _touch(self, stream_id: Any, completion: Any) -> None:
         # Streams are in order: the last op on a stream stands for every earlier one there. O(1) on the launch path.
@@ -278,7 +287,7 @@ class Buffer:
             c.wait()
         start = time.perf_counter_ns()
         self.device._backend.free(self._handle)
-        self._freed, self._handle = True, None
+        self._freed, self._handle, self._karg = True, None, None
         self.device._memory.freed(self.size_bytes, start)
 
     def __enter__(self) -> Buffer:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _dispatch
 from .backends.base import BufferArg
 from .buffer import Buffer
 from .errors import CompileError, InvalidArgument
@@ -48,6 +49,7 @@ class Kernel:
 
     def __init__(self, device: Device, raw: Any, name: str, source: Any) -> None:
         self.device, self._raw, self.name, self.source = device, raw, name, source
+        self._backend_launch = device._backend.launch
 
     def __call__(
         self,
@@ -62,36 +64,61 @@ class Kernel:
 
         ``nbytes``: the bytes the kernel reads and writes, where the caller knows them; traces keep it in the span's
         ``bytes`` (``gw.library`` sets it, so that the analysis can tell the problem size)."""
-        grid_t, block_t = _dims(grid, "grid"), _dims(block, "block")
+        # This is the launch path: every check stays, in as few Python steps as the common case allows.
+        grid_t = (grid,) if type(grid) is int and grid > 0 else _dims(grid, "grid")
+        block_t = (block,) if type(block) is int and block > 0 else _dims(block, "block")
         if not isinstance(args, (tuple, list)):
             raise InvalidArgument("kernel args must be a tuple or list")
-        stream = self.device.default_stream if stream is None else stream
-        if not isinstance(stream, Stream):
+        device = self.device
+        if stream is None:
+            stream = device.default_stream
+        elif not isinstance(stream, Stream):
             raise InvalidArgument(f"stream must be a gpuworkbench Stream, not {type(stream).__name__}")
-        if stream.device is not self.device:
-            raise InvalidArgument(f"stream {stream.label!r} is on {stream.device.spec}, kernel on {self.device.spec}")
-        converted: list[Any] = []
+        if stream.device is not device:
+            raise InvalidArgument(f"stream {stream.label!r} is on {stream.device.spec}, kernel on {device.spec}")
+        values: list[Any] = []
         buffers: list[Buffer] = []
-        for i, a in enumerate(args):
+        for a in args:
             if isinstance(a, Buffer):
-                if a.device is not self.device:
-                    raise InvalidArgument(f"kernel argument {i} is a buffer on {a.device.spec}, not {self.device.spec}")
-                converted.append(a._arg())
+                if a.device is not device:
+                    raise InvalidArgument(
+                        f"kernel argument {len(values)} is a buffer on {a.device.spec}, not {device.spec}"
+                    )
+                values.append(a._arg())
                 buffers.append(a)
+            elif isinstance(a, np.generic):
+                values.append(a)
             else:
-                converted.append(_scalar(a, i))
-        backend, raw = self.device._backend, self._raw
-        event = stream._enqueue(
+                values.append(_scalar(a, len(values)))
+        return self._enqueue(grid_t, block_t, values, buffers, stream, name, nbytes)
+
+    def _enqueue(
+        self,
+        grid: tuple[int, ...],
+        block: tuple[int, ...],
+        values: list[Any],
+        buffers: list[Buffer],
+        stream: Stream,
+        name: str | None,
+        nbytes: int,
+    ) -> Event:
+        """Enqueue checked, converted arguments (``values``; ``buffers``: the Buffers among them, now in use)."""
+        if stream.closed:
+            stream._check_open()
+        completion = _dispatch.enqueue_call(
+            stream,
             "kernel",
             nbytes,
             name or self.name,
             -1,
-            lambda timed: backend.launch(raw, grid_t, block_t, converted, stream._raw, timed),
-            keep=converted,
+            self._backend_launch,
+            (self._raw, grid, block, values, stream._raw),
+            values,
         )
+        sid = stream.id
         for b in buffers:
-            b._touch(stream.id, event._completion)
-        return event
+            b._touch(sid, completion)
+        return Event(completion, stream, values)
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name!r} on {self.device.spec}>"
@@ -402,6 +429,10 @@ class ElementwiseKernel:
         self.outputs = [target for target, _ in self.statements]
         self._cache: dict[tuple[int, tuple[bool, ...]], Any] = {}
         self._lock = threading.Lock()
+        # (name, dtype, is an output) per parameter, and launch plans by (device, buffer mask, length, block): the
+        # kernel, grid, block and trailing arguments, worked out once per signature (the checks still run per call)
+        self._spec = [(n, dt, n in self.outputs) for n, dt in self.params]
+        self._plans: dict[tuple[int, int, int, Any], tuple[Kernel, tuple, tuple, list]] = {}
         self.source("opencl")  # checks names, operators and functions here, for every backend (the CPU's too)
 
     @staticmethod
@@ -483,26 +514,22 @@ class ElementwiseKernel:
         )
 
     def _numpy_callable(self, mask: tuple[bool, ...]) -> Any:
-        names = [n for n, _ in self.params]
-        dtypes = dict(self.params)
-        code = []
-        for target, expr in self.statements:
-            tree = ast.Expression(body=_ToNumPy().visit(ast.parse(ast.unparse(expr), mode="eval").body))
-            ast.fix_missing_locations(tree)
-            code.append((target, compile(tree, f"<elementwise {self.name}>", "eval")))
+        """The CPU kernel: one Python function whose body is the statements rewritten for NumPy (C's meaning), so a
+        launch costs the worker a call and the NumPy operations, not a namespace copy and an eval per statement."""
         env = {f"_np_{k}": v[2] for k, v in _FUNCS.items()} | {"_np_where": np.where, "_np_fmod": np.fmod}
         env |= {"_np_logical_and": np.logical_and, "_np_logical_or": np.logical_or, "_np_logical_not": np.logical_not}
-        env |= {"_c_div": _c_div, "_c_int": _c_int}
-
-        def run(*values: Any) -> None:
-            scope = dict(env)
-            for n, v, a in zip(names, values, mask):
-                scope[n] = v if a else dtypes[n].type(v)
-            with np.errstate(all="ignore"):
-                for target, compiled in code:
-                    scope[target][...] = eval(compiled, scope)  # noqa: S307 - our own compiled AST
-
-        return run
+        env |= {"_c_div": _c_div, "_c_int": _c_int, "_gw_errstate": np.errstate}
+        dtypes = {f"_gw_t_{n}": dt.type for (n, dt), a in zip(self.params, mask) if not a}
+        env |= dtypes
+        lines = [f"    {n} = _gw_t_{n}({n})" for (n, _), a in zip(self.params, mask) if not a]
+        lines.append("    with _gw_errstate(all='ignore'):")
+        for target, expr in self.statements:
+            rewritten = _ToNumPy().visit(ast.parse(ast.unparse(expr), mode="eval").body)
+            lines.append(f"        {target}[...] = {ast.unparse(ast.fix_missing_locations(rewritten))}")
+        params = ", ".join(n for n, _ in self.params)
+        source = f"def _gw_kernel({params}):\n" + "\n".join(lines) + "\n"
+        exec(compile(source, f"<elementwise {self.name}>", "exec"), env)  # noqa: S102 - our own generated code
+        return env["_gw_kernel"]
 
     def _kernel_for(self, device: Device, mask: tuple[bool, ...]) -> Any:
         key = (id(device), mask)
@@ -526,40 +553,80 @@ class ElementwiseKernel:
     def __call__(self, *args: Any, stream: Stream | None = None, block: int = 256, name: str | None = None) -> Event:
         """Enqueue the expression over every element on ``stream`` (traced as ``name``, default the kernel's name).
         Non-blocking; returns an Event."""
-        if len(args) != len(self.params):
-            raise InvalidArgument(f"{self.name} takes {len(self.params)} arguments ({self._sig()}), got {len(args)}")
-        mask = tuple(isinstance(a, Buffer) for a in args)
-        buffers = [a for a in args if isinstance(a, Buffer)]
-        if not buffers:
-            raise InvalidArgument(f"{self.name} needs at least one buffer argument")
-        n = len(buffers[0])
-        for (pname, dt), a in zip(self.params, args):
+        spec = self._spec
+        if len(args) != len(spec):
+            raise InvalidArgument(f"{self.name} takes {len(spec)} arguments ({self._sig()}), got {len(args)}")
+        device: Any = None
+        n = mask = 0
+        bit = 1
+        scalar_output = None
+        values: list[Any] = []
+        buffers: list[Buffer] = []
+        for a, (pname, dt, output) in zip(args, spec):
             if isinstance(a, Buffer):
-                if a.dtype != dt:
+                if a.dtype is not dt and a.dtype != dt:
                     raise InvalidArgument(f"{self.name}: parameter {pname!r} is {dt}, buffer holds {a.dtype}")
-                if len(a) != n:
-                    raise InvalidArgument(f"{self.name}: buffers differ in length ({n} and {len(a)} for {pname!r})")
-                if a.device is not buffers[0].device:
+                if device is None:
+                    device, n = a.device, a._len
+                elif a._len != n:
+                    raise InvalidArgument(f"{self.name}: buffers differ in length ({n} and {a._len} for {pname!r})")
+                elif a.device is not device:
                     raise InvalidArgument(f"{self.name}: buffers are on different devices")
-            elif pname in self.outputs:
-                raise InvalidArgument(f"{self.name}: output {pname!r} must be a Buffer, not {type(a).__name__}")
-        device = buffers[0].device
-        stream = device.default_stream if stream is None else stream
-        if not isinstance(stream, Stream) or stream.device is not device:
+                mask |= bit
+                buffers.append(a)
+                values.append(a)
+            elif output:
+                scalar_output = scalar_output or (pname, a)
+            else:
+                try:
+                    values.append(dt.type(a))
+                except (TypeError, ValueError, OverflowError):
+                    raise InvalidArgument(
+                        f"{self.name}: parameter {pname!r} is {dt}, got {type(a).__name__} {a!r}"
+                    ) from None
+            bit <<= 1
+        if device is None:
+            raise InvalidArgument(f"{self.name} needs at least one buffer argument")
+        if scalar_output is not None:
+            pname, a = scalar_output
+            raise InvalidArgument(f"{self.name}: output {pname!r} must be a Buffer, not {type(a).__name__}")
+        if stream is None:
+            stream = device.default_stream
+        elif not isinstance(stream, Stream) or stream.device is not device:
             where = f"on {stream.device.spec}" if isinstance(stream, Stream) else f"a {type(stream).__name__}"
             raise InvalidArgument(f"{self.name}: stream must be a Stream of {device.spec}, got {where}")
         if n == 0:
             return stream.record()
-        kernel = self._kernel_for(device, mask)
-        values = [a if isinstance(a, Buffer) else dt.type(a) for a, (_, dt) in zip(args, self.params)]
-        if device.caps.kernel_language == "python":
-            return kernel((1,), (1,), values, stream=stream, name=name)
-        if device.caps.kernel_language == "wgsl":  # the count is a u32; the workgroup size is fixed in the source
+        plan = self._plans.get((id(device), mask, n, block)) if type(block) is int else None
+        if plan is None:
+            plan = self._plan(device, mask, n, block)
+        kernel, grid, block_t, tail = plan
+        for i, a in enumerate(values):
+            if type(a) is Buffer:
+                values[i] = a._arg()
+        if tail:
+            values += tail
+        return kernel._enqueue(grid, block_t, values, buffers, stream, name, 0)
+
+    def _plan(self, device: Device, mask: int, n: int, block: Any) -> tuple[Kernel, tuple, tuple, list]:
+        """Compile (once per device and buffer mask) and work out the launch of ``n`` elements; cached."""
+        if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+            raise InvalidArgument(f"{self.name}: block must be a positive int, got {block!r}")
+        key = (id(device), mask, n, block)
+        kernel = self._kernel_for(device, tuple(bool(mask >> i & 1) for i in range(len(self.params))))
+        language = device.caps.kernel_language
+        if language == "python":
+            plan: tuple[Kernel, tuple, tuple, list] = (kernel, (1,), (1,), [])
+        elif language == "wgsl":  # the count is a u32; the workgroup size is fixed in the source
             groups = -(-n // _WGSL_GROUP)
-            grid = (min(groups, 65535), -(-groups // 65535))
-            return kernel(grid, (_WGSL_GROUP,), [*values, np.uint32(n)], stream=stream, name=name)
-        index = np.int64(n)
-        return kernel(((n + block - 1) // block,), (block,), [*values, index], stream=stream, name=name)
+            plan = (kernel, (min(groups, 65535), -(-groups // 65535)), (_WGSL_GROUP,), [np.uint32(n)])
+        else:
+            block = int(block)
+            plan = (kernel, ((n + block - 1) // block,), (block,), [np.int64(n)])
+        if len(self._plans) >= 256:  # many sizes: start over rather than grow without bound
+            self._plans.clear()
+        self._plans[key] = plan
+        return plan
 
     def _sig(self) -> str:
         return ", ".join(f"{dt} {n}" for n, dt in self.params)

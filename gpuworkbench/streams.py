@@ -86,23 +86,29 @@ class Stream:
         self._persistent: Any = None  # the PersistentKernel looping on this stream until stopped (persistent.py)
 
     def _track(self, completion: Any, keep: Any) -> None:
-        with self._lock:
-            self._inflight.append((completion, keep))
-            self._appended += 1
-            if self._appended & 63 == 0:  # prune now and then, not on every op: this is the launch path
+        # No lock on the launch path: deque.append is atomic, and everything else that changes the deque holds the
+        # lock and removes only items it has looked at, from the left (or in place), never one appended meanwhile.
+        self._inflight.append((completion, keep))
+        self._appended += 1
+        if self._appended & 63 == 0:  # prune now and then, not on every op
+            with self._lock:
                 self._prune()
 
     def _forget(self, completion: Any) -> None:
         with self._lock:
-            self._inflight = deque(item for item in self._inflight if item[0] is not completion)
+            for item in [item for item in self._inflight if item[0] is completion]:
+                self._inflight.remove(item)
 
-    def _prune(self) -> None:
+    def _prune(self) -> list[tuple[Any, Any]]:
+        """Remove finished ops from the left and return them (the caller holds the lock)."""
         q = self._inflight
-        if q and q[-1][0].done():  # in order: the newest done means all are, one query instead of many
-            q.clear()
-            return
+        n = len(q)
+        if n and q[n - 1][0].done():  # in order: the newest seen done means all before it are, one query
+            return [q.popleft() for _ in range(n)]
+        done = []
         while q and q[0][0].done():
-            q.popleft()
+            done.append(q.popleft())
+        return done
 
     @property
     def pending(self) -> int:
@@ -115,8 +121,7 @@ class Stream:
         """Enqueue a marker; the returned Event is done when all earlier work on this stream is. Non-blocking."""
         self._check_open()
         completion = self.device._backend.record(self._raw)
-        with self._lock:
-            self._inflight.append((completion, None))
+        self._inflight.append((completion, None))
         return Event(completion, self)
 
     def wait_event(self, event: Event) -> None:
@@ -140,8 +145,7 @@ class Stream:
             )
         self.device._backend.synchronize_stream(self._raw)
         with self._lock:
-            items = list(self._inflight)
-            self._inflight.clear()
+            items = self._prune()  # all of them, but for ops another thread enqueued meanwhile
         for completion, _ in items:
             error = getattr(completion, "error", None)
             if error is not None:

@@ -6,8 +6,10 @@ blocking; when asked (``timed=True``) it also yields the op's start and end on t
 
 from __future__ import annotations
 
+import itertools
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -107,6 +109,82 @@ class DoneCompletion:
         return None if self._t is None else (self._t, self._t)
 
 
+DONE = DoneCompletion()
+
+
+class StreamMarks:
+    """Completions made on demand for one stream (CUDA's untimed ops): an op takes a number, not an event.
+
+    The first time one of them is asked about (done, wait, a wait from another stream), one marker is recorded on the
+    stream and stands for it and every op numbered up to when it was recorded: exact when asked right after the op,
+    later (never earlier) when asked after more work was enqueued. Most ops are never asked about, so most launches
+    record nothing. ``record`` enqueues an eager marker on the stream and returns its completion."""
+
+    __slots__ = ("_record", "_numbers", "issued", "mark", "mark_upto", "frozen", "closed", "lock")
+
+    def __init__(self, record: Callable[[], Completion]) -> None:
+        self._record = record
+        self._numbers = itertools.count(1)
+        self.issued = 0  # a number some enqueued op took; every smaller number was taken (so enqueued) before it
+        self.mark: Completion | None = None
+        self.mark_upto = 0  # the marker covers every op numbered up to this
+        self.frozen = False  # no marker may be recorded now (stream capture): the last one covers every op
+        self.closed = False  # the stream was synchronized and released: every op is done
+        self.lock = threading.Lock()
+
+    def enqueued(self) -> LazyCompletion:
+        """Call after enqueuing an op on the stream: its completion, a marker recorded only when asked for."""
+        number = next(self._numbers)
+        self.issued = number
+        return LazyCompletion(self, number)
+
+    def cover(self, number: int) -> Completion:
+        """A completion done only once op ``number`` is: the newest marker if it covers it, else a new marker."""
+        with self.lock:
+            mark = self.mark
+            if mark is not None and (self.mark_upto >= number or self.frozen):
+                return mark
+            if self.closed:
+                return DONE
+            upto = self.issued  # read before recording: every op numbered up to it was enqueued before the marker
+            mark = self.mark = self._record()
+            self.mark_upto = upto
+            return mark
+
+    def freeze(self) -> None:
+        """Record a marker covering every op so far, then record none until ``thaw`` (a stream capture begins)."""
+        self.cover(self.issued)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        self.frozen = False
+
+
+class LazyCompletion:
+    """The completion of an op on a ``StreamMarks`` stream: resolved to a marker on first use, then kept."""
+
+    __slots__ = ("_marks", "_number", "_real")
+
+    def __init__(self, marks: StreamMarks, number: int) -> None:
+        self._marks, self._number, self._real = marks, number, None
+
+    def resolve(self) -> Completion:
+        """The marker standing for this op (recorded now if none covers it yet)."""
+        real = self._real
+        if real is None:
+            real = self._real = self._marks.cover(self._number)
+        return real
+
+    def done(self) -> bool:
+        return self.resolve().done()
+
+    def wait(self) -> None:
+        self.resolve().wait()
+
+    def times_ns(self) -> tuple[int, int] | None:
+        return None  # never timed: timed ops record their own events
+
+
 class PinnedArray(np.ndarray):
     """A NumPy array over page-locked host memory; ``_pinned_owner`` keeps the backend's allocation alive."""
 
@@ -195,7 +273,11 @@ class BackendDevice(ABC):
     def launch(
         self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: Any, timed: bool
     ) -> Completion:
-        """Enqueue a kernel; ``args`` holds BufferArg and NumPy scalars."""
+        """Enqueue a kernel; ``args`` holds BufferArg (or what ``kernel_arg`` made of one) and NumPy scalars."""
+
+    def kernel_arg(self, arg: BufferArg) -> Any:
+        """What ``launch`` takes for a buffer, made once per buffer by the front end (launch still takes BufferArg)."""
+        return arg
 
     def kernel_limits(self) -> KernelLimits:
         """The largest block this device runs; launches past it are refused before they reach the driver."""

@@ -46,24 +46,35 @@ def default_budget() -> int:
 
 
 class _Op:
-    """One queued piece of work and its completion; the worker stamps start and end with perf_counter_ns."""
+    """One queued piece of work and its completion; the worker stamps start and end with perf_counter_ns.
 
-    __slots__ = ("fn", "start", "end", "error", "_event")
+    ``end`` set (last) means done: no threading primitive per op (they cost microseconds on the launch path); a
+    waiter sleeps on its worker's one condition, which the worker notifies only while someone waits."""
 
-    def __init__(self, fn: Callable[[], None] | None) -> None:
-        self.fn = fn
+    __slots__ = ("fn", "args", "start", "end", "error", "worker")
+
+    def __init__(self, fn: Callable[..., None] | None, args: tuple, worker: _Worker) -> None:
+        self.fn, self.args, self.worker = fn, args, worker
         self.start = self.end = 0
         self.error: BaseException | None = None
-        self._event = threading.Event()
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self.end != 0
 
     def wait(self) -> None:
-        self._event.wait()
+        if self.end:
+            return
+        worker = self.worker
+        with worker.cond:
+            worker.waiters += 1  # counted before the check below, so the worker notifies if it finishes after it
+            try:
+                while not self.end:
+                    worker.cond.wait()
+            finally:
+                worker.waiters -= 1
 
     def times_ns(self) -> tuple[int, int] | None:
-        return (self.start, self.end) if self._event.is_set() else None
+        return (self.start, self.end) if self.end else None
 
 
 class _Worker:
@@ -71,28 +82,32 @@ class _Worker:
 
     def __init__(self, name: str) -> None:
         self.queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self.cond = threading.Condition(threading.Lock())
+        self.waiters = 0  # threads in _Op.wait on this stream
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.last: _Op | None = None
         self.thread.start()
 
     def _run(self) -> None:
+        get, clock = self.queue.get, time.perf_counter_ns
         while True:
-            op = self.queue.get()
+            op = get()
             if op is None:
                 return
-            op.start = time.perf_counter_ns()
+            op.start = clock()
             try:
                 if op.fn is not None:
-                    op.fn()
+                    op.fn(*op.args)
             except BaseException as exc:  # noqa: BLE001 - a failing kernel must not kill the stream
                 op.error = exc
-            op.end = time.perf_counter_ns()
-            op.fn = None  # drop the closure (and the host arrays it holds) as soon as the work is done
-            op._event.set()
+            op.fn = op.args = None  # drop the work (and the host arrays it holds) as soon as it is done
+            op.end = clock()  # last: done() reads it, and the error is set before
+            if self.waiters:
+                with self.cond:
+                    self.cond.notify_all()
 
-    def submit(self, fn: Callable[[], None] | None) -> _Op:
-        op = _Op(fn)
-        self.last = op
+    def submit(self, fn: Callable[..., None] | None, args: tuple = ()) -> _Op:
+        """Queue ``fn(*args)`` (None: a marker) and return its completion."""
+        op = _Op(fn, args, self)
         self.queue.put(op)
         return op
 
@@ -109,6 +124,9 @@ class _PythonKernel:
         params = self.signature.parameters if self.signature is not None else {}
         self.wants_grid = "grid" in params
         self.wants_block = "block" in params
+        # Argument counts that fit the signature: the keywords passed are fixed per kernel, so a count checked once
+        # stays checked (Signature.bind costs more than the rest of a launch).
+        self.fits: set[int] = set()
 
 
 class CpuDevice(BackendDevice):
@@ -202,6 +220,10 @@ class CpuDevice(BackendDevice):
             raise CompileError(name, f"the source defines no function named {name!r}", source)
         return _PythonKernel(namespace[name], name)
 
+    def kernel_arg(self, arg: BufferArg) -> np.ndarray:
+        """A buffer as kernels see it: a typed view of its bytes (made once per buffer by the front end)."""
+        return arg.handle[: arg.length * arg.dtype.itemsize].view(arg.dtype)
+
     def launch(
         self,
         kernel: _PythonKernel,
@@ -211,20 +233,30 @@ class CpuDevice(BackendDevice):
         stream: _Worker,
         timed: bool,
     ) -> _Op:
-        values = [
-            a.handle[: a.length * a.dtype.itemsize].view(a.dtype) if isinstance(a, BufferArg) else a for a in args
-        ]
-        extra: dict[str, Any] = {}
-        if kernel.wants_grid:
-            extra["grid"] = grid
-        if kernel.wants_block:
-            extra["block"] = block
+        values = [self.kernel_arg(a) if type(a) is BufferArg else a for a in args]
+        if kernel.wants_grid or kernel.wants_block:
+            extra: dict[str, Any] = {}
+            if kernel.wants_grid:
+                extra["grid"] = grid
+            if kernel.wants_block:
+                extra["block"] = block
+            if len(values) not in kernel.fits:
+                self._check_fit(kernel, values, extra)
+            fn = kernel.fn
+            return stream.submit(lambda: fn(*values, **extra))
+        if len(values) not in kernel.fits:
+            self._check_fit(kernel, values, {})
+        return stream.submit(kernel.fn, tuple(values))
+
+    @staticmethod
+    def _check_fit(kernel: _PythonKernel, values: list[Any], extra: dict[str, Any]) -> None:
+        """InvalidArgument unless ``kernel`` takes these arguments; remembers a count that fits."""
         if kernel.signature is not None:
             try:
                 kernel.signature.bind(*values, **extra)
             except TypeError as exc:
                 raise InvalidArgument(f"kernel {kernel.name!r}: arguments do not fit its signature ({exc})") from None
-        return stream.submit(lambda: kernel.fn(*values, **extra))
+        kernel.fits.add(len(values))
 
     def clock_sample(self) -> ClockSample:
         now = time.perf_counter_ns()

@@ -36,8 +36,10 @@ from .base import (
     DeviceInfo,
     DoneCompletion,
     KernelLimits,
+    LazyCompletion,
     PeerRoute,
     PinnedArray,
+    StreamMarks,
     wrap_pinned,
 )
 
@@ -173,6 +175,7 @@ class CudaDevice(BackendDevice):
         self._side_stream: Any = None
         self._limits: KernelLimits | None = None
         self._peer_routes: dict[int, PeerRoute] = {}  # source device ordinal -> how copies from it travel
+        self._marks: dict[int, StreamMarks] = {}  # stream pointer -> its untimed ops' on-demand completions
         self.clock_sample()
 
     def _use(self) -> None:
@@ -300,10 +303,15 @@ class CudaDevice(BackendDevice):
     # ------------------------------------------------------------------ streams and events
     def create_stream(self) -> Any:
         self._use()
-        return _cupy().cuda.Stream(non_blocking=True)
+        stream = _cupy().cuda.Stream(non_blocking=True)
+        self._marks[stream.ptr] = StreamMarks(lambda: self._mark(stream))
+        return stream
 
     def destroy_stream(self, stream: Any) -> None:
         stream.synchronize()
+        marks = self._marks.pop(stream.ptr, None)
+        if marks is not None:
+            marks.closed = True  # its ops are done; a completion asked for later records nothing
 
     def _begin(self, stream: Any, timed: bool) -> Any:
         if not timed:
@@ -312,18 +320,35 @@ class CudaDevice(BackendDevice):
         start.record(stream)
         return start
 
-    def _finish(self, stream: Any, start: Any) -> _CudaCompletion:
+    def _finish(self, stream: Any, start: Any) -> Any:
         if self._capturing and stream.ptr in self._capturing:
             return _IN_GRAPH  # an event recorded now would be a capture node that no one may query
-        end = (self._timed_events if start is not None else self._plain_events).take()
+        if start is None:  # untimed: no event now; one is recorded on this stream when the completion is asked for
+            marks = self._marks.get(stream.ptr)
+            if marks is not None:
+                return marks.enqueued()
+            return self._mark(stream)
+        end = self._timed_events.take()
         end.record(stream)
-        return _CudaCompletion(end, start, self._epoch if start is not None else None, self._pools)
+        return _CudaCompletion(end, start, self._epoch, self._pools)
+
+    def _mark(self, stream: Any) -> _CudaCompletion:
+        """An event recorded on ``stream`` now (any thread may ask: the harvester, a waiting stream's thread)."""
+        self._use()
+        end = self._plain_events.take()
+        end.record(stream)
+        return _CudaCompletion(end, None, None, self._pools)
 
     def record(self, stream: Any) -> _CudaCompletion:
         self._use()
-        return self._finish(stream, None)
+        if self._capturing and stream.ptr in self._capturing:
+            return _IN_GRAPH
+        return self._mark(stream)  # an explicit marker: recorded now, not on demand
 
     def wait_event(self, stream: Any, completion: Any) -> None:
+        if type(completion) is LazyCompletion:
+            completion = completion.resolve()  # may record on another device's stream
+            self._use()
         if isinstance(completion, _CudaCompletion):
             stream.wait_event(completion.end)
         else:
@@ -491,19 +516,28 @@ class CudaDevice(BackendDevice):
     ) -> _CudaCompletion:
         self._use()
         values = tuple([np.uint64(a.handle) if type(a) is BufferArg else a for a in args])
-        start = self._begin(stream, timed)
+        start = self._begin(stream, timed) if timed else None
         kernel(grid, block, values, stream=stream)
         return self._finish(stream, start)
+
+    def kernel_arg(self, arg: BufferArg) -> np.uint64:
+        """A buffer as a kernel argument: its device pointer (made once per buffer)."""
+        return np.uint64(arg.handle)
 
     # ------------------------------------------------------------------ graphs
     def begin_capture(self, stream: Any) -> None:
         """Relaxed mode, so that other threads (a trace's harvester) may go on querying their events meanwhile."""
         self._use()
+        marks = self._marks.get(stream.ptr)
+        if marks is not None:
+            marks.freeze()  # one marker for every op so far: none may be recorded on the stream while it captures
         self._capturing.add(stream.ptr)
         try:
             stream.begin_capture(self._rt.streamCaptureModeRelaxed)
         except BaseException:
             self._capturing.discard(stream.ptr)
+            if marks is not None:
+                marks.thaw()
             raise
 
     def end_capture(self, stream: Any) -> Any:
@@ -512,6 +546,9 @@ class CudaDevice(BackendDevice):
             return stream.end_capture()
         finally:
             self._capturing.discard(stream.ptr)
+            marks = self._marks.get(stream.ptr)
+            if marks is not None:
+                marks.thaw()
 
     def launch_graph(self, graph: Any, stream: Any, timed: bool) -> _CudaCompletion:
         self._use()

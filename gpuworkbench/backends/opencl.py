@@ -301,7 +301,7 @@ class OpenCLDevice(BackendDevice):
     ) -> _ClCompletion:
         cl = _cl()
         knl, lock = kernel
-        values = [a.handle if isinstance(a, BufferArg) else a for a in args]
+        values = [a.handle if type(a) is BufferArg else a for a in args]
         global_size = tuple(g * b for g, b in zip(grid, block))
         with lock:  # argument setting and enqueue must not interleave between threads
             try:
@@ -318,6 +318,10 @@ class OpenCLDevice(BackendDevice):
                     f"(at most {self._dev.max_work_group_size} threads per block; {exc})"
                 ) from None
         return self._submit(stream, event)
+
+    def kernel_arg(self, arg: BufferArg) -> Any:
+        """A buffer as a kernel argument: its cl.Buffer (made once per buffer)."""
+        return arg.handle
 
     def kernel_limits(self) -> KernelLimits:
         dims = [int(d) for d in self._dev.max_work_item_sizes][:3] + [1, 1, 1]

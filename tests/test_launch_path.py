@@ -1,0 +1,451 @@
+"""Tests of the fast launch path: what is cached (per buffer, per kernel and signature, per elementwise plan) keeps
+every check, completions made without a threading primitive per op (CPU) or on demand (CUDA, against a fake CuPy),
+and the stream's lock-free tracking keeping host arrays alive until their op is done."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import types
+import weakref
+
+import numpy as np
+import pytest
+from support import sample
+
+import gpuworkbench as gw
+from gpuworkbench.backends.base import DONE, BufferArg, DeviceInfo, LazyCompletion, StreamMarks
+
+
+def add_one(x: np.ndarray, y: np.ndarray) -> None:
+    y[...] = x + 1
+
+
+# ------------------------------------------------------------------ raw kernels: the per-buffer and per-count caches
+def test_kernel_new_signature_after_cached_launches_is_checked(cpu):
+    k = cpu.compile(add_one, "add_one")
+    x, y = cpu.alloc(4, "float32"), cpu.alloc(4, "float32")
+    try:
+        x.copy_from_host(np.arange(4, dtype=np.float32))
+        for _ in range(200):
+            k(1, 1, (x, y))
+        np.testing.assert_array_equal(y.copy_to_host(), np.arange(4) + 1)
+        with pytest.raises(gw.InvalidArgument, match="do not fit its signature"):
+            k(1, 1, (x, y, x))  # a new argument count: bound again, refused
+        with pytest.raises(gw.InvalidArgument, match="pass a Buffer or a number"):
+            k(1, 1, (x, "y"))
+        with pytest.raises(gw.InvalidArgument, match="1 to 3 positive ints"):
+            k(0, 1, (x, y))
+        with pytest.raises(gw.InvalidArgument, match="must be a gpuworkbench Stream"):
+            k(1, 1, (x, y), stream="s")
+        k(1, 1, (y, x)).wait()  # buffers swapped: each converted on its own
+        np.testing.assert_array_equal(x.copy_to_host(), np.arange(4) + 2)
+    finally:
+        x.free()
+        y.free()
+
+
+def test_kernel_scalars_keep_their_conversion_after_many_launches(cpu):
+    seen = []
+    k = cpu.compile(lambda y, a: seen.append(type(a)), "scalar")
+    y = cpu.alloc(1, "float32")
+    try:
+        for value in (1, 2.0, np.float64(3), 2**40, True):
+            k(1, 1, (y, value)).wait()
+        assert seen == [np.int32, np.float32, np.float64, np.int64, np.int32]
+    finally:
+        y.free()
+
+
+def test_freed_buffer_after_many_launches_raises_buffer_closed(device):
+    if device.caps.kernel_language not in ("python", "opencl"):
+        pytest.skip("raw kernel source for the CPU and OpenCL backends here")
+    f = gw.elementwise("float32 x, float32 y", "y = x + 1", name="freed_after")
+    x, y = device.alloc(8, "float32"), device.alloc(8, "float32")
+    x.copy_from_host(np.zeros(8, np.float32))
+    for _ in range(100):
+        f(x, y)
+    y.copy_to_host()
+    x.free()
+    try:
+        with pytest.raises(gw.BufferClosed):
+            f(x, y)
+    finally:
+        y.free()
+
+
+def test_buffer_on_another_device_after_cached_launches(cpu, opencl):
+    k = cpu.compile(add_one, "add_one")
+    x, y, z = cpu.alloc(2, "float32"), cpu.alloc(2, "float32"), opencl.alloc(2, "float32")
+    try:
+        for _ in range(50):
+            k(1, 1, (x, y))
+        with pytest.raises(gw.InvalidArgument, match="kernel argument 1 is a buffer on opencl"):
+            k(1, 1, (x, z))
+        cpu.default_stream.synchronize()
+    finally:
+        for b in (x, y, z):
+            b.free()
+
+
+# ------------------------------------------------------------------ elementwise: launch plans per signature
+def test_elementwise_plan_per_length_and_mask(device):
+    f = gw.elementwise("float32 x, float32 a, float32 y", "y = a * x + 1", name="plans")
+    for n in (3, 1000, 3):
+        x, y = device.alloc(n, "float32"), device.alloc(n, "float32")
+        try:
+            host = sample(n, "float32")
+            x.copy_from_host(host)
+            for _ in range(20):
+                f(x, 2, y)
+            np.testing.assert_array_equal(y.copy_to_host(), 2 * host + 1)
+            a = device.alloc(n, "float32")  # the scalar parameter given as a buffer: another specialisation
+            a.copy_from_host(np.full(n, 3, np.float32))
+            f(x, a, y)
+            np.testing.assert_array_equal(y.copy_to_host(), 3 * host + 1)
+            a.free()
+        finally:
+            x.free()
+            y.free()
+
+
+def test_elementwise_bad_arguments_after_cached_launches(device):
+    f = gw.elementwise("float32 x, float32 y", "y = x + 1", name="bad_after")
+    x, y = device.alloc(4, "float32"), device.alloc(4, "float32")
+    other_len, other_type = device.alloc(5, "float32"), device.alloc(4, "int32")
+    try:
+        x.copy_from_host(np.zeros(4, np.float32))
+        for _ in range(100):
+            f(x, y)
+        with pytest.raises(gw.InvalidArgument, match="differ in length"):
+            f(x, other_len)
+        with pytest.raises(gw.InvalidArgument, match="buffer holds int32"):
+            f(x, other_type)
+        with pytest.raises(gw.InvalidArgument, match="output 'y' must be a Buffer"):
+            f(x, 1.0)
+        with pytest.raises(gw.InvalidArgument, match="at least one buffer"):
+            f(1.0, 2.0)
+        with pytest.raises(gw.InvalidArgument, match="takes 2 arguments"):
+            f(x)
+        with pytest.raises(gw.InvalidArgument, match="block must be a positive int"):
+            f(x, y, block=0)
+        with pytest.raises(gw.InvalidArgument, match="block must be a positive int"):
+            f(x, y, block=[256])
+        with pytest.raises(gw.InvalidArgument, match="stream must be a Stream"):
+            f(x, y, stream=object())
+        np.testing.assert_array_equal(y.copy_to_host(), np.ones(4, np.float32))
+    finally:
+        for b in (x, y, other_len, other_type):
+            b.free()
+
+
+def test_elementwise_scalar_that_is_not_a_number_is_invalid_argument(cpu):
+    f = gw.elementwise("float32 x, float32 a, float32 y", "y = a * x", name="bad_scalar")
+    x, y = cpu.alloc(2, "float32"), cpu.alloc(2, "float32")
+    try:
+        with pytest.raises(gw.InvalidArgument, match="parameter 'a' is float32, got str"):
+            f(x, "two", y)
+    finally:
+        x.free()
+        y.free()
+
+
+# ------------------------------------------------------------------ CPU completions without a primitive per op
+def test_cpu_completion_wait_done_and_errors_across_threads(cpu, gate):
+    s = cpu.create_stream("waits")
+    try:
+        gate.close_on(s)
+        boom = cpu.compile(lambda: 1 / 0, "boom")
+        failed = boom(1, 1, (), stream=s)
+        after = s.record()
+        assert not failed.done and not after.done
+        woke = []
+        waiters = [threading.Thread(target=lambda: (after._completion.wait(), woke.append(1))) for _ in range(3)]
+        for t in waiters:
+            t.start()
+        gate.open()
+        for t in waiters:
+            t.join(10)
+        assert woke == [1, 1, 1]
+        with pytest.raises(gw.GpuError, match="ZeroDivisionError"):
+            failed.wait()
+        after.wait()
+        s.synchronize()  # the failure was reported by failed.wait(): not again
+    finally:
+        s.close()
+
+
+def test_async_copy_keeps_the_host_array_alive_until_done(cpu, gate):
+    s = cpu.create_stream("keep")
+    b = cpu.alloc(1024, "float32")
+    try:
+        gate.close_on(s)
+        host = np.arange(1024, dtype=np.float32)
+        alive = weakref.ref(host)
+        b.copy_from_host_async(host, s)
+        del host
+        nop = cpu.compile(lambda: None, "nop")
+        for _ in range(200):  # enough ops to prune the stream's list now and then, all still pending
+            nop(1, 1, (), stream=s)
+        gc.collect()
+        assert alive() is not None  # the stream holds it while the copy waits behind the gate
+        gate.open()
+        s.synchronize()
+        gc.collect()
+        assert alive() is None
+        np.testing.assert_array_equal(b.copy_to_host(), np.arange(1024, dtype=np.float32))
+    finally:
+        b.free()
+        s.close()
+
+
+def test_stream_prune_keeps_pending_ops_and_their_arrays(cpu, gate):
+    s = cpu.create_stream("prune")
+    b = cpu.alloc(16, "float32")
+    try:
+        gate.close_on(s)
+        refs = []
+        for i in range(300):  # past several prunes (every 64 ops), none finished
+            host = np.full(16, i, np.float32)
+            refs.append(weakref.ref(host))
+            b.copy_from_host_async(host, s)
+            del host
+        gc.collect()
+        assert all(r() is not None for r in refs)
+        assert s.pending == 301
+        gate.open()
+        s.synchronize()
+        assert s.pending == 0
+        np.testing.assert_array_equal(b.copy_to_host(), np.full(16, 299, np.float32))
+    finally:
+        b.free()
+        s.close()
+
+
+def test_ops_enqueued_from_threads_are_all_tracked(cpu):
+    s = cpu.create_stream("threads")
+    k = cpu.compile(lambda y: None, "nop")
+    y = cpu.alloc(1, "float32")
+    events: list[gw.Event] = []
+    lock = threading.Lock()
+
+    def launch() -> None:
+        for _ in range(500):
+            e = k(1, 1, (y,), stream=s)
+            with lock:
+                events.append(e)
+
+    try:
+        threads = [threading.Thread(target=launch) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        s.synchronize()
+        assert len(events) == 1500 and all(e.done for e in events)
+        assert s.pending == 0
+    finally:
+        y.free()
+        s.close()
+
+
+# ------------------------------------------------------------------ on-demand markers (StreamMarks)
+class _Mark:
+    """A marker completion of the fake stream below: done once every op before it is."""
+
+    def __init__(self, stream: _FakeStream) -> None:
+        self.stream, self.upto = stream, len(stream.ops)
+
+    def done(self) -> bool:
+        return self.stream.finished >= self.upto
+
+    def wait(self) -> None:
+        assert self.done(), "a fake marker is waited on only once done"
+
+    def times_ns(self) -> None:
+        return None
+
+
+class _FakeStream:
+    def __init__(self) -> None:
+        self.ops: list[str] = []
+        self.finished = 0
+        self.marks = 0
+
+    def record(self) -> _Mark:
+        self.marks += 1
+        return _Mark(self)
+
+
+def test_stream_marks_record_only_when_asked_and_never_too_early():
+    stream = _FakeStream()
+    marks = StreamMarks(stream.record)
+
+    def op(name: str) -> LazyCompletion:
+        stream.ops.append(name)
+        return marks.enqueued()
+
+    a, b = op("a"), op("b")
+    assert stream.marks == 0  # nothing recorded at enqueue
+    assert not b.done() and stream.marks == 1
+    assert not a.done() and stream.marks == 1  # covered by b's marker: no new one
+    c = op("c")
+    stream.finished = 2
+    assert a.done() and b.done()
+    assert not c.done() and stream.marks == 2  # c came after the marker: a new one
+    stream.finished = 3
+    assert c.done()
+    d = op("d")
+    marks.freeze()  # a capture begins: one marker for every op so far, none while frozen
+    assert stream.marks == 3
+    assert not d.done() and stream.marks == 3
+    marks.thaw()
+    marks.closed = True
+    e = op("e")
+    assert e.resolve() is DONE  # released stream: its work was synchronized
+
+
+def test_stream_marks_from_threads_cover_every_op():
+    stream = _FakeStream()
+    marks = StreamMarks(stream.record)
+    lock = threading.Lock()
+    made: list[tuple[int, LazyCompletion]] = []
+
+    def enqueue() -> None:
+        for _ in range(2000):
+            with lock:  # the fake stream's list stands for the device queue: appends are its enqueue order
+                stream.ops.append("op")
+                position = len(stream.ops)
+            completion = marks.enqueued()
+            made.append((position, completion))
+            if position % 7 == 0:
+                completion.done()
+
+    threads = [threading.Thread(target=enqueue) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for position, completion in made:
+        mark = completion.resolve()
+        assert mark.upto >= position  # every marker was recorded after the op it stands for
+
+
+# ------------------------------------------------------------------ the CUDA backend's on-demand events, fake CuPy
+class _FakeEvent:
+    def __init__(self, block: bool = False, disable_timing: bool = False) -> None:
+        self.stream: _FakeCudaStream | None = None
+        self.upto = 0
+
+    def record(self, stream: _FakeCudaStream) -> None:
+        self.stream, self.upto = stream, len(stream.ops)
+        stream.records += 1
+
+    @property
+    def done(self) -> bool:
+        return self.stream is not None and self.stream.finished >= self.upto
+
+    def synchronize(self) -> None:
+        if self.stream is not None:
+            self.stream.finished = max(self.stream.finished, self.upto)
+
+
+class _FakeCudaStream:
+    count = 0
+
+    def __init__(self, non_blocking: bool = True) -> None:
+        _FakeCudaStream.count += 1
+        self.ptr = 0x1000 * _FakeCudaStream.count
+        self.ops: list[object] = []
+        self.finished = 0
+        self.records = 0
+        self.waits: list[_FakeEvent] = []
+
+    def synchronize(self) -> None:
+        self.finished = len(self.ops)
+
+    def wait_event(self, event: _FakeEvent) -> None:
+        self.waits.append(event)
+
+
+class _FakeRuntime:
+    is_hip = False
+    CUDARuntimeError = RuntimeError
+
+    def __init__(self) -> None:
+        self.device = 0
+        self.streams: dict[int, _FakeCudaStream] = {}
+
+    def setDevice(self, device: int) -> None:  # noqa: N802 - CuPy's names
+        self.device = device
+
+    def getDevice(self) -> int:  # noqa: N802
+        return self.device
+
+    def memcpyAsync(self, dst, src, nbytes, kind, stream_ptr) -> None:  # noqa: N802
+        self.streams[stream_ptr].ops.append(("copy", nbytes))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    runtime = _FakeRuntime()
+
+    def make_stream(non_blocking: bool = True) -> _FakeCudaStream:
+        s = _FakeCudaStream(non_blocking)
+        runtime.streams[s.ptr] = s
+        return s
+
+    cuda = types.SimpleNamespace(runtime=runtime, Stream=make_stream, Event=_FakeEvent)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    from gpuworkbench.backends import cuda as backend
+
+    info = DeviceInfo("cuda", 0, "fake", True, 1 << 30)
+    return backend, backend.CudaDevice(info, backend.CAPS)
+
+
+def test_cuda_untimed_launch_records_no_event_until_asked(fake_cuda):
+    backend, dev = fake_cuda
+    s = dev.create_stream()
+    launched = []
+
+    def kernel(grid, block, args, stream):
+        launched.append(args)
+        stream.ops.append("kernel")
+
+    ptr = dev.kernel_arg(BufferArg(0xABC, np.dtype("float32"), 1))
+    assert type(ptr) is np.uint64 and ptr == 0xABC
+    first = [dev.launch(kernel, (1,), (32,), [ptr, np.float32(2)], s, False) for _ in range(100)]
+    assert s.records == 0 and launched[0] == (ptr, np.float32(2))
+    assert not first[0].done() and s.records == 1  # one event, after the 100th launch, covers all of them
+    assert all(not c.done() for c in first) and s.records == 1
+    s.finished = 100
+    assert all(c.done() for c in first)
+    copy = dev.copy_h2d(0x10, 0, np.zeros(4, np.float32), s, False)
+    other = dev.create_stream()
+    dev.wait_event(other, copy)  # another stream's wait resolves it: an event after the copy
+    assert s.records == 2 and other.waits[-1].upto == 101
+    timed = dev.launch(kernel, (1,), (32,), [], s, True)
+    assert type(timed) is backend._CudaCompletion and s.records == 4  # timed ops keep their two events
+    marker = dev.record(s)
+    assert type(marker) is backend._CudaCompletion and s.records == 5  # an explicit marker is recorded at once
+    unasked = dev.copy_d2h(np.zeros(4, np.float32), 0x10, 0, s, False)
+    dev.destroy_stream(s)  # synchronizes the stream: what was never asked about needs no event now
+    assert unasked.resolve() is DONE and s.records == 5
+
+
+def test_cuda_capture_freezes_markers(fake_cuda):
+    backend, dev = fake_cuda
+    s = dev.create_stream()
+    s.begin_capture = lambda mode: None
+    s.end_capture = lambda: "graph"
+    dev._rt.streamCaptureModeRelaxed = 0
+    before = dev.copy_d2d(0x20, 0, 0x10, 0, 8, s, False)
+    dev.begin_capture(s)
+    assert s.records == 1  # one marker before the capture begins
+    inside = dev.copy_d2d(0x20, 0, 0x10, 0, 8, s, False)
+    assert inside is backend._IN_GRAPH
+    assert not before.done() and s.records == 1  # asked during the capture: the marker made before it
+    assert dev.end_capture(s) == "graph"
+    after = dev.copy_d2d(0x20, 0, 0x10, 0, 8, s, False)
+    assert not after.done() and s.records == 2
