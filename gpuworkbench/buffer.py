@@ -5,10 +5,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _dispatch
 from ._memory import as_dtype
 from .backends.base import BufferArg
 from .errors import BufferClosed, InvalidArgument, _fmt_bytes
@@ -170,17 +172,19 @@ class Buffer:
         handle = self._check()
         host = self._check_host(host, writable=kind == "d2h", asynchronous=True)
         stream = self._stream(stream)
+        stream._check_open()
         backend = self.device._backend
         if kind == "h2d":
-            call = lambda timed: backend.copy_h2d(handle, 0, host, stream._raw, timed)  # noqa: E731
+            fn, args = backend.copy_h2d, (handle, 0, host, stream._raw)
         else:
-            call = lambda timed: backend.copy_d2h(host, handle, 0, stream._raw, timed)  # noqa: E731
+            fn, args = backend.copy_d2h, (host, handle, 0, stream._raw)
         nbytes = self.size_bytes
-        event = stream._enqueue(
-            kind, nbytes, name or f"{kind} {_fmt_bytes(nbytes)}", self._pinned_flag(host), call, keep=host
-        )
-        self._touch(event.stream.id, event._completion)
-        return event
+        pinned = self._pinned_flag(host)
+        completion = _dispatch.enqueue_call(
+            stream, kind, nbytes, name or _copy_name(kind, nbytes), pinned, fn, args, host
+        )  # the stream keeps ``host`` alive until the copy is done
+        self._touch(stream.id, completion)
+        return Event(completion, stream, host)
 
     def copy_from_host(self, host: np.ndarray) -> None:
         """Copy ``host`` into the buffer. Blocks until done (after the buffer's earlier ops on any stream)."""
@@ -322,6 +326,12 @@ class Buffer:
         state = "freed" if self._freed else _fmt_bytes(self.size_bytes)
         count = self._len if len(self._shape) == 1 else " × ".join(map(str, self._shape))
         return f"<Buffer {count} × {self.dtype} on {self.device.spec} ({state})>"
+
+
+@lru_cache(maxsize=256)
+def _copy_name(kind: str, nbytes: int) -> str:
+    """A copy's default span name ("h2d 4.0 KiB"), made once per kind and size rather than per copy."""
+    return f"{kind} {_fmt_bytes(nbytes)}"
 
 
 def _shape(dims: Sequence[Any]) -> tuple[int, ...]:
