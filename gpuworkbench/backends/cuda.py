@@ -15,10 +15,8 @@ context (lazy loading). All three were seen waiting for a looping kernel on an H
 from __future__ import annotations
 
 import ctypes
-import gc
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -42,6 +40,8 @@ from .base import (
     StreamMarks,
     wrap_pinned,
 )
+from .cuda_events import _CudaCompletion, _cupy, _Epoch, _EventPool
+from .cuda_peers import _enable_peer, peer_links  # noqa: F401  (peer_links: the %gpu listing asks this module)
 
 CAPS = Caps(
     concurrent_streams=True,
@@ -60,87 +60,6 @@ _STAGE_THREADS = 4
 _ATTR_MEMORY_POOLS = 115  # cudaDevAttrMemoryPoolsSupported: cudaMallocAsync works
 _HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped (hipHostMallocMapped): the device reads and writes it directly
 _IN_GRAPH = DoneCompletion()  # what an op enqueued during stream capture returns: it runs only when the graph does
-
-
-def _cupy() -> Any:
-    import cupy
-
-    return cupy
-
-
-_COLLECTING = False  # True while Python's cyclic garbage collector runs (see _CudaCompletion.__del__)
-
-
-def _gc_phase(phase: str, info: dict) -> None:
-    global _COLLECTING
-    _COLLECTING = phase == "start"
-
-
-gc.callbacks.append(_gc_phase)
-
-
-class _EventPool:
-    """Reusable CUDA events: creating one costs microseconds, re-recording a pooled one much less."""
-
-    def __init__(self, timing: bool) -> None:
-        self._free: deque[Any] = deque(maxlen=4096)  # append/pop are atomic: no lock on the launch path
-        self._timing = timing
-        self.created = 0  # events made because the pool was empty (a diagnostic: each costs microseconds)
-
-    def take(self) -> Any:
-        try:
-            return self._free.pop()
-        except IndexError:
-            self.created += 1
-            return _cupy().cuda.Event(block=False, disable_timing=not self._timing)
-
-    def give(self, event: Any) -> None:
-        self._free.append(event)
-
-
-class _Epoch:
-    """An event recorded on an idle stream and waited for, paired with the host time it completed at."""
-
-    def __init__(self, event: Any, host_ns: int, error_ns: int) -> None:
-        self.event, self.host_ns, self.error_ns = event, host_ns, error_ns
-
-
-class _CudaCompletion:
-    """An op bracketed by events: ``end`` marks completion; ``start`` (timed ops only) marks when it began."""
-
-    __slots__ = ("end", "start", "epoch", "_pools", "__weakref__")
-
-    def __init__(self, end: Any, start: Any, epoch: _Epoch | None, pools: tuple[_EventPool, _EventPool]) -> None:
-        self.end, self.start, self.epoch, self._pools = end, start, epoch, pools
-
-    def done(self) -> bool:
-        return self.end.done
-
-    def wait(self) -> None:
-        self.end.synchronize()
-
-    def times_ns(self) -> tuple[int, int] | None:
-        if self.start is None or self.epoch is None or not self.end.done:
-            return None
-        cuda = _cupy().cuda
-        base = self.epoch.host_ns
-        return (
-            base + int(cuda.get_elapsed_time(self.epoch.event, self.start) * 1e6),
-            base + int(cuda.get_elapsed_time(self.epoch.event, self.end) * 1e6),
-        )
-
-    def __del__(self) -> None:
-        if _COLLECTING:
-            # Finalized by the cyclic collector (a trace kept in a reference cycle): events pooled from here failed
-            # their next record with 'context is destroyed' and then crashed the process (measured on an H100 with
-            # CuPy 14.2). They are released with the completion instead; the pool makes new ones.
-            return
-        timed_pool, plain_pool = self._pools
-        if self.start is not None:
-            timed_pool.give(self.start)
-            timed_pool.give(self.end)
-        else:
-            plain_pool.give(self.end)
 
 
 class _Pinned:
@@ -579,84 +498,6 @@ class CudaDevice(BackendDevice):
             self._stage_threads.shutdown()
         if self._side_stream is not None:
             self._side_stream.synchronize()
-
-
-def _enable_peer(rt: Any, device: int, peer: int) -> bool:
-    """Let ``device`` reach ``peer``'s memory (``cudaDeviceEnablePeerAccess``); True once enabled (or already)."""
-    rt.setDevice(device)
-    try:
-        rt.deviceEnablePeerAccess(peer)
-    except rt.CUDARuntimeError as exc:
-        if "AlreadyEnabled" not in str(exc):
-            return False
-    return True
-
-
-def peer_links(count: int) -> dict[tuple[int, int], str]:
-    """For each ordered pair of CUDA ordinals, the link the driver reports: "NVLink" or "PCIe" where peer access is
-    possible and NVML (pynvml, where installed) tells which, else "peer" with the driver's performance rank where CuPy
-    or cuda-python reads it ("peer, rank 0": lower is faster); "none" where peer access is not possible."""
-    rt = _cupy().cuda.runtime
-    nvlink = _nvlink_pairs(count)
-    links: dict[tuple[int, int], str] = {}
-    for a in range(count):
-        for b in range(count):
-            if a == b:
-                continue
-            if not rt.deviceCanAccessPeer(a, b):
-                links[a, b] = "none"
-            elif nvlink is not None:
-                links[a, b] = "NVLink" if (a, b) in nvlink else "PCIe"
-            else:
-                rank = _p2p_rank(a, b)
-                links[a, b] = "peer" if rank is None else f"peer, rank {rank}"
-    return links
-
-
-def _p2p_rank(a: int, b: int) -> int | None:
-    """cudaDevP2PAttrPerformanceRank of ``a`` → ``b`` through CuPy or cuda-python, whichever has the call; else None."""
-    rank_attr = 1  # cudaDevP2PAttrPerformanceRank
-    rt = _cupy().cuda.runtime
-    try:
-        if hasattr(rt, "deviceGetP2PAttribute"):
-            return int(rt.deviceGetP2PAttribute(rank_attr, a, b))
-        from cuda.bindings import runtime as cudart  # cuda-python, when present (cupti-python brings it)
-
-        err, value = cudart.cudaDeviceGetP2PAttribute(cudart.cudaDeviceP2PAttr(rank_attr), a, b)
-        return int(value) if int(err) == 0 else None
-    except Exception:  # noqa: BLE001 - neither library has it, or the driver refused
-        return None
-
-
-def _nvlink_pairs(count: int) -> set[tuple[int, int]] | None:
-    """Ordered pairs of CUDA ordinals with NVLink peer-to-peer (NVML's P2P status, which also sees NVSwitch), from
-    pynvml where it is installed; None without it or on any NVML failure. Devices are matched by PCI bus id, as NVML
-    and CUDA may number them differently."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    rt = _cupy().cuda.runtime
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML library or driver
-        return None
-    try:
-        handles = [pynvml.nvmlDeviceGetHandleByPciBusId(rt.deviceGetPCIBusId(i)) for i in range(count)]
-        ok = pynvml.NVML_P2P_STATUS_OK
-        return {
-            (a, b)
-            for a in range(count)
-            for b in range(count)
-            if a != b and pynvml.nvmlDeviceGetP2PStatus(handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_NVLINK) == ok
-        }
-    except Exception:  # noqa: BLE001 - an NVML or CuPy without these calls
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 class CudaBackend(Backend):
