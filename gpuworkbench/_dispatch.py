@@ -42,7 +42,7 @@ def enqueue(
         return traces[0].record_op(stream, kind, nbytes, name, pinned, call, keep, many)
     device = stream.device
     numbered = [(t, t.device_number(device)) for t in list(traces)]
-    timed = any(not t.uses_cupti(n, kind, nbytes) for t, n in numbered)
+    timed = any(not t.uses_cupti(n, kind, nbytes, name) for t, n in numbered)
     ids = [t.op_id() for t, _ in numbered]
     enqueue_ns = time.perf_counter_ns()
     t0 = time.time_ns()  # a CUPTI trace claims the CUDA calls this thread makes until t1

@@ -433,3 +433,16 @@ def test_cuda_peer_copy_on_a_stream_waits_for_nothing_else():
         y.copy_from(x, stream=s).wait()
         assert np.array_equal(y.copy_to_host(), data)
     s.close()
+
+
+def test_peer_copies_are_timed_by_events_in_a_cupti_trace():
+    """CUPTI reports a peer copy as a MEMCPY2 record, a kind a trace does not enable: such an op is timed by events
+    (measured on two H200s: as a CUPTI op it got no span); other copies of a CUPTI device stay CUPTI's."""
+    from gpuworkbench.trace.spans import peer_copy_name
+
+    t = gw.Trace()
+    t._cupti_flags = [True]
+    peer = peer_copy_name("p2p 4 B", "cuda:0", "cuda:1", "direct")
+    assert not t.uses_cupti(0, "d2d", 4, peer)
+    assert t.uses_cupti(0, "d2d", 4, "d2d 4 B") and t.uses_cupti(0, "h2d", 4, peer)
+    assert not t.uses_cupti(0, "d2d", 0, "d2d 0 B")
