@@ -103,6 +103,7 @@ _PARAMS: dict[str, dict[str, tuple[bool, Callable[[Any], str | None]]]] = {
     "timeline": {
         "trace": (True, lambda v: None if _is_int(v) else "an int (a trace id)"),
         "dark": (False, _optional(lambda v: isinstance(v, bool), "true or false")),
+        "compare": (False, _optional(_is_int, "an int (the id of the trace to compare with) or null")),
     },
     "export": {
         "trace": (False, _optional(_is_int, "an int (a trace id) or null")),
@@ -292,9 +293,13 @@ class PanelServer:
         self._last_state = _state_key(state)
         return state
 
-    def _request_timeline(self, trace: int, dark: bool | None = None) -> dict[str, Any]:
+    def _request_timeline(self, trace: int, dark: bool | None = None, compare: int | None = None) -> dict[str, Any]:
         record = self._record(trace)
         title = _trace_title(record)
+        if compare is not None:  # "compare with…": the other trace first, then this one, and what changed
+            before = self._record(compare)
+            title = f"{_trace_title(before)} → {title}"
+            return {"trace": trace, "title": title, "html": compare_html(before, record, title, dark=bool(dark))}
         return {"trace": trace, "title": title, "html": timeline_html(record, title, dark=bool(dark))}
 
     def _request_export(self, trace: int | None = None, path: str | None = None) -> dict[str, Any]:
@@ -484,12 +489,8 @@ def _version() -> str:
 
 
 def timeline_html(record: Any, title: str, dark: bool = False) -> str:
-    """A standalone page (BokehJS inline, so it works offline) with the trace's timeline and its summary."""
-    from bokeh.embed import file_html
-    from bokeh.layouts import column
+    """A standalone page (BokehJS inline, so it works offline) with the trace's timeline, summary and statistics."""
     from bokeh.models import Div
-    from bokeh.resources import INLINE
-    from bokeh.themes import built_in_themes
 
     figure = record.trace.timeline(title=f"{title}: timeline")
     figure.sizing_mode = "stretch_width"
@@ -500,6 +501,33 @@ def timeline_html(record: Any, title: str, dark: bool = False) -> str:
         parts.append(Div(text=summary._repr_html_(), sizing_mode="stretch_width"))
     except Exception as exc:  # the timeline alone is still worth showing
         log.warning("gpuworkbench comm: summary of %s: %s", title, exc)
+    try:  # kernels by time, copies by direction and host memory, API calls, launch latency
+        parts.append(Div(text=record.trace.statistics()._repr_html_(), sizing_mode="stretch_width"))
+    except Exception as exc:  # noqa: BLE001 - the timeline and summary are still worth showing
+        log.warning("gpuworkbench comm: statistics of %s: %s", title, exc)
+    return _page(parts, title, dark)
+
+
+def compare_html(before: Any, after: Any, title: str, dark: bool = False) -> str:
+    """A standalone page with two traces' timelines on one time axis and the table of what changed between them."""
+    from bokeh.models import Div
+
+    from .trace.compare import compare
+
+    labels = (_trace_title(before), _trace_title(after))
+    comparison = compare(before.trace, after.trace, labels=labels)
+    figure = comparison.figure()
+    figure.sizing_mode = "stretch_width"
+    return _page([figure, Div(text=comparison._repr_html_(), sizing_mode="stretch_width")], title, dark)
+
+
+def _page(parts: list[Any], title: str, dark: bool) -> str:
+    """``parts`` in one column as a standalone page (BokehJS inline), in Bokeh's dark theme where ``dark``."""
+    from bokeh.embed import file_html
+    from bokeh.layouts import column
+    from bokeh.resources import INLINE
+    from bokeh.themes import built_in_themes
+
     layout = column(*parts, sizing_mode="stretch_width")
     if not dark:
         return file_html(layout, INLINE, title=f"gpuworkbench {title}")

@@ -141,6 +141,7 @@ def test_parse_message_ignores_malformed_with_a_warning(data: Any, caplog: pytes
         (comm.Request(1, "timeline", {"trace": "3"}), "must be an int"),
         (comm.Request(1, "timeline", {"trace": True}), "must be an int"),
         (comm.Request(1, "timeline", {"trace": 3, "dark": "yes"}), "'dark' must be true or false"),
+        (comm.Request(1, "timeline", {"trace": 3, "compare": "2"}), "'compare' must be an int"),
         (comm.Request(1, "export", {"path": ""}), "'path' must be a non-empty string"),
         (comm.Request(1, "state", {"verbose": True}), "unknown parameter(s) 'verbose'"),
     ],
@@ -241,6 +242,29 @@ def test_timeline_reply_is_a_standalone_page(panel: FakeComm, record) -> None:
     panel.receive(request(10, "timeline", trace=record.trace.id, dark=True))
     dark = panel.replies()[-1]["result"]["html"]
     assert comm._DARK_PAGE in dark[: dark.index("<script")]  # in the page's own head
+
+
+def test_timeline_page_holds_the_statistics_and_compare_gives_both_traces(panel: FakeComm, record) -> None:
+    pytest.importorskip("bokeh")
+    panel.receive(request(12, "timeline", trace=record.trace.id))
+    page = panel.replies()[-1]["result"]["html"]
+    assert "gpuworkbench-statistics" in page and "copies and memsets" in page
+    dev = gw.Device("cpu")
+    with gw.trace() as later:
+        buf = dev.alloc(2048)
+        buf.copy_from_host(np.ones(2048, np.float32))
+        buf.free()
+    later.wait_pending()
+    after = magics.TraceRecord(8, time.time(), 0.02, (later.started_ns, later.stopped_ns), 40.0, 1.0, None, later)
+    magics.history.append(after)
+    panel.receive(request(13, "timeline", trace=later.id, compare=record.trace.id))
+    reply = panel.replies()[-1]
+    assert reply["ok"], reply
+    assert reply["result"]["title"] == "cell [7] upload → cell [8]"
+    page = reply["result"]["html"]
+    assert "gpuworkbench-comparison" in page and "wall time" in page and "BEGIN bokeh.min.js" in page
+    panel.receive(request(14, "timeline", trace=later.id, compare=later.id + 1000))
+    assert "no longer in this kernel's history" in panel.replies()[-1]["error"]
 
 
 def test_a_failing_request_becomes_an_error_reply(panel: FakeComm, record, monkeypatch) -> None:

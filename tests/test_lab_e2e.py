@@ -31,6 +31,11 @@ host = np.ones(1 << 16, np.float32)
 x.copy_from_host(host)
 gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")(x, y).wait()
 out = y.copy_to_host()"""
+#: A second traced cell: the panel then offers to compare it with the first.
+SECOND_CELL = """\
+%%gpu
+x.copy_from_host(host)
+out = x.copy_to_host()"""
 #: Holds 48 MiB for 3 s, then frees it: the panel can only show that figure while the cell is still running.
 BUSY_CELL = """\
 import time
@@ -48,7 +53,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """A running JupyterLab (base URL, token) serving a notebook folder with ``gpu.ipynb``; stopped afterwards."""
     if not (EXTENSION / "package.json").exists():
         pytest.skip("the extension is not built: run `npm install && npm run build` in extension/ (./run test does)")
-    nb = notebook("%load_ext gpuworkbench", TRACED_CELL, BUSY_CELL)
+    nb = notebook("%load_ext gpuworkbench", TRACED_CELL, SECOND_CELL, BUSY_CELL)
     with running_lab(
         tmp_path_factory.mktemp("lab"),
         {"gpu.ipynb": nb},
@@ -96,11 +101,11 @@ def test_panel_shows_device_and_trace_and_opens_timeline(
     # Memory is pushed from a kernel thread while a cell runs: the 48 MiB the last cell holds for 3 s shows up.
     expect(device.locator(".jp-gpuwb-memory")).to_contain_text(re.compile(r"48\.\d MiB used of"), timeout=20_000)
     traces = panel.locator(".jp-gpuwb-trace[data-trace-id]")
-    expect(traces).to_have_count(1, timeout=TIMEOUT_MS)
+    expect(traces).to_have_count(2, timeout=TIMEOUT_MS)
     # The cell's execution count, as %%gpu recorded it.
     expect(traces.first.locator(".jp-gpuwb-trace-cell")).to_have_text(re.compile(r"^\[\d+\]$"))
 
-    traces.first.click()
+    traces.first.locator(".jp-gpuwb-trace-cell").click()  # the row, not one of its buttons
     tab = page.locator(".jp-gpuwb-TimelineTab")
     expect(tab).to_be_visible(timeout=TIMEOUT_MS)
     # Bokeh draws inside shadow DOM in the sandboxed iframe: Playwright's locators pierce both.
@@ -116,4 +121,12 @@ def test_panel_shows_device_and_trace_and_opens_timeline(
         page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
         page.wait_for_timeout(5000)
         page.screenshot(path=str(Path(SHOTS) / "dark.png"))
+    # "Compare with…" on the newest trace: a tab with both timelines and the table of what changed.
+    expect(traces.last.locator(".jp-gpuwb-compare")).to_have_count(0)  # the oldest has nothing before it
+    traces.first.locator(".jp-gpuwb-compare").click()
+    expect(
+        page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=re.compile(r"Compare: cell \[\d+\].* → cell"))
+    ).to_be_visible(timeout=TIMEOUT_MS)
+    compared = page.frame_locator(".jp-gpuwb-TimelineTab iframe").last
+    expect(compared.get_by_text("wall time").first).to_be_attached(timeout=TIMEOUT_MS)
     assert page.notes == [], f"the extension warned in the browser console: {page.notes}"

@@ -15,7 +15,7 @@ import { gpuIcon, liveIcon, timelineIcon } from './icons';
 import { KernelLink } from './link';
 import { CommandIDs, WorkbenchPanel } from './panel';
 import { isExport } from './protocol';
-import { TimelineView, createTimeline } from './timeline';
+import { TimelineView, createTimeline, timelineId } from './timeline';
 
 const CATEGORY = 'GPU Workbench';
 
@@ -205,19 +205,23 @@ function activate(
       const link = currentLink();
       const last = link?.traces[link.traces.length - 1];
       const traceId = typeof args.traceId === 'number' ? args.traceId : last?.id;
+      const compareWith = typeof args.compareWith === 'number' ? args.compareWith : null;
       if (!link || traceId === undefined) {
         return;
       }
-      const id = `gpuworkbench-timeline-${link.kernel.id}-${traceId}`;
+      const id = timelineId(link, traceId, compareWith);
       for (const widget of shell.widgets('main')) {
         if (widget.id === id) {
           shell.activateById(id);
           return;
         }
       }
-      const trace = link.traces.find(t => t.id === traceId);
-      const label = trace?.cell !== null && trace?.cell !== undefined ? `[${trace.cell}]` : `#${traceId}`;
-      shell.add(createTimeline(link, traceId, label), 'main', { mode: 'split-right' });
+      const labelOf = (id: number) => {
+        const trace = link.traces.find(t => t.id === id);
+        return trace?.cell !== null && trace?.cell !== undefined ? `[${trace.cell}]` : `#${id}`;
+      };
+      const label = compareWith === null ? labelOf(traceId) : `${labelOf(compareWith)} → ${labelOf(traceId)}`;
+      shell.add(createTimeline(link, traceId, label, compareWith), 'main', { mode: 'split-right' });
     }
   });
   commands.addCommand(CommandIDs.loadExtension, {

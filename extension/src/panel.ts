@@ -225,12 +225,12 @@ export class WorkbenchPanel extends Widget {
       table.append(empty, insert);
       return;
     }
-    for (const trace of [...traces].reverse()) {
-      table.append(this._traceRow(trace));
+    for (let i = traces.length - 1; i >= 0; i--) {
+      table.append(this._traceRow(traces[i], i > 0 ? traces[i - 1] : null));
     }
   }
 
-  private _traceRow(trace: ITrace): HTMLElement {
+  private _traceRow(trace: ITrace, before: ITrace | null): HTMLElement {
     const row = element('div', 'jp-gpuwb-trace');
     row.dataset.traceId = String(trace.id);
     row.tabIndex = 0;
@@ -261,7 +261,19 @@ export class WorkbenchPanel extends Widget {
       event.stopPropagation();
       void this._commands.execute(CommandIDs.exportTrace, { traceId: trace.id });
     });
-    row.append(exportButton, figures);
+    row.append(exportButton);
+    if (before !== null) {
+      const beforeLabel = before.cell === null ? `#${before.id}` : `[${before.cell}]`;
+      const compareButton = element('button', 'jp-gpuwb-icon-button jp-gpuwb-compare', '⇄');
+      compareButton.title = `Compare with ${beforeLabel}, the trace before it: both timelines and what changed`;
+      compareButton.setAttribute('aria-label', `Compare trace ${cellLabel} with ${beforeLabel}`);
+      compareButton.addEventListener('click', event => {
+        event.stopPropagation();
+        void this._commands.execute(CommandIDs.showTimeline, { traceId: trace.id, compareWith: before.id });
+      });
+      row.append(compareButton);
+    }
+    row.append(figures);
     const open = () => void this._commands.execute(CommandIDs.showTimeline, { traceId: trace.id });
     row.addEventListener('click', open);
     row.addEventListener('keydown', event => {

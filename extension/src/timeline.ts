@@ -4,6 +4,7 @@
  */
 import { MainAreaWidget } from '@jupyterlab/apputils';
 import { IFrame } from '@jupyterlab/ui-components';
+import { JSONObject } from '@lumino/coreutils';
 import { Widget } from '@lumino/widgets';
 
 import { timelineIcon } from './icons';
@@ -13,7 +14,8 @@ import { isTimeline } from './protocol';
 export class TimelineView extends Widget {
   constructor(
     readonly link: KernelLink,
-    readonly traceId: number
+    readonly traceId: number,
+    readonly compareWith: number | null = null
   ) {
     super();
     this.addClass('jp-gpuwb-Timeline');
@@ -30,7 +32,11 @@ export class TimelineView extends Widget {
     this._status.textContent = 'The kernel is drawing the timeline… (it waits for a running cell to finish)';
     this._status.hidden = false;
     try {
-      const result = await this.link.request('timeline', { trace: this.traceId, dark });
+      const params: JSONObject = { trace: this.traceId, dark };
+      if (this.compareWith !== null) {
+        params.compare = this.compareWith;
+      }
+      const result = await this.link.request('timeline', params);
       if (!isTimeline(result)) {
         console.warn('gpuworkbench: ignoring a malformed timeline reply', result);
         throw new Error('the kernel sent a malformed timeline');
@@ -49,18 +55,32 @@ export class TimelineView extends Widget {
   private _frame = new IFrame({ sandbox: ['allow-scripts'], referrerPolicy: 'no-referrer' });
 }
 
-/** A new tab for trace `traceId` of `link`'s kernel; its content loads in the background. */
-export function createTimeline(link: KernelLink, traceId: number, label: string): MainAreaWidget<TimelineView> {
-  const view = new TimelineView(link, traceId);
+/** The id of the tab showing trace `traceId` (beside trace `compareWith`, when not null). */
+export function timelineId(link: KernelLink, traceId: number, compareWith: number | null = null): string {
+  const base = `gpuworkbench-timeline-${link.kernel.id}-${traceId}`;
+  return compareWith === null ? base : `${base}-vs-${compareWith}`;
+}
+
+/**
+ * A new tab for trace `traceId` of `link`'s kernel (compared with trace `compareWith`: both timelines on one axis
+ * and what changed, when not null); its content loads in the background.
+ */
+export function createTimeline(
+  link: KernelLink,
+  traceId: number,
+  label: string,
+  compareWith: number | null = null
+): MainAreaWidget<TimelineView> {
+  const view = new TimelineView(link, traceId, compareWith);
   const widget = new MainAreaWidget({ content: view });
-  widget.id = `gpuworkbench-timeline-${link.kernel.id}-${traceId}`;
+  widget.id = timelineId(link, traceId, compareWith);
   widget.addClass('jp-gpuwb-TimelineTab');
-  widget.title.label = `Timeline ${label}`;
+  widget.title.label = compareWith === null ? `Timeline ${label}` : `Compare ${label}`;
   widget.title.icon = timelineIcon;
   widget.title.closable = true;
   void view.load().then(title => {
     if (title) {
-      widget.title.label = `Timeline: ${title}`;
+      widget.title.label = compareWith === null ? `Timeline: ${title}` : `Compare: ${title}`;
     }
   });
   return widget;
