@@ -237,8 +237,8 @@ class RowLayout:
 
     def height(self, row_px: int) -> int:
         """Figure height in pixels for ``row_px`` per row."""
-        # At least the legends' height (up to 11 kinds, 8 states), so a one-row timeline is not squashed.
-        return max(_AXIS_PX + row_px * max(len(self._label_of) + len(self._state_label_of), 1), 260)
+        # The rows, the axis and the two legends under it (a few lines each), so that narrow views keep their plot.
+        return _AXIS_PX + _LEGENDS_PX + row_px * max(len(self._label_of) + len(self._state_label_of), 1)
 
 
 def host_waits(table: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -500,8 +500,12 @@ def _empty(columns: Mapping[str, Any]) -> dict[str, list]:
     return {col: [] for col in columns}
 
 
+_LEGENDS_PX = 150  # two legends under the plot: kinds in up to 2 lines of 6, states in 4 lines of 2, with titles
+
+
 def _legends(fig: Any, styles_present: list[str], states: bool) -> None:
-    """Two legends beside the rows: the span kinds (and host waits) present, and the overlap states.
+    """Two legends under the rows, across (they leave the plot its width in a narrow notebook or panel tab): the span
+    kinds (and host waits) present, and the overlap states.
 
     They are drawn from a legend-only source whose glyphs sit at NaN (never visible), so they stay put while a large
     trace's drawn sources change with the view.
@@ -536,9 +540,11 @@ def _legends(fig: Any, styles_present: list[str], states: bool) -> None:
             items=[LegendItem(label={"field": "style"}, renderers=[swatch])],
             title="kinds",
             name="kinds legend",
+            orientation="horizontal",
+            ncols=min(6, max(len(styles_present), 1)),
             **common,
         ),
-        "right",
+        "below",
     )
     if states:
         labels = [STATE_LABELS[s] for s in STATES]
@@ -561,9 +567,11 @@ def _legends(fig: Any, styles_present: list[str], states: bool) -> None:
                 items=[LegendItem(label={"field": "label"}, renderers=[strip])],
                 title="overlap states (device strips)",
                 name="states legend",
+                orientation="horizontal",
+                ncols=2,
                 **common,
             ),
-            "right",
+            "below",
         )
 
 
