@@ -26,6 +26,7 @@ from bokeh.models import (
     BoxZoomTool,
     ColumnDataSource,
     CustomJS,
+    CustomJSHover,
     DataRange1d,
     FactorRange,
     HoverTool,
@@ -488,12 +489,33 @@ def _tooltips() -> list[tuple[str, str]]:
         ("row", "@row"),
         ("start", "@left{0,0.000} ms"),
         ("duration", "@duration_us{0,0.0} µs"),
-        ("bytes", "@bytes{0,0}"),
-        ("GB/s", "@gbps{0,0.00}"),
+        ("bytes", "@bytes{custom}"),
+        ("GB/s", "@gbps{custom}"),
         ("launched by", "@call"),
-        ("launch latency", "@launch_us{0,0.0} µs (start − call start)"),
-        ("queued behind stream", "@queue_us{0,0.0} µs"),
+        ("launch latency", "@launch_us{custom} (start − call start)"),
+        ("queued behind stream", "@queue_us{custom}"),
     ]
+
+
+def _number_or_dash(decimals: int, unit: str = "") -> Any:
+    """A hover formatter: the number with thousands separators and ``decimals`` decimals (and ``unit``), or "—" where
+    the span has none (NaN: no bytes, no launching call), which Bokeh's own formats print as "NaN"."""
+    return CustomJSHover(
+        code=f"""
+        if (value == null || Number.isNaN(value)) {{ return "—" }}
+        return value.toLocaleString("en-US", {{minimumFractionDigits: {decimals}, maximumFractionDigits: {decimals}}})
+            + "{unit}"
+        """
+    )
+
+
+def _formatters() -> dict[str, Any]:
+    return {
+        "@bytes": _number_or_dash(0),
+        "@gbps": _number_or_dash(2),
+        "@launch_us": _number_or_dash(1, " µs"),
+        "@queue_us": _number_or_dash(1, " µs"),
+    }
 
 
 def _empty(columns: Mapping[str, Any]) -> dict[str, list]:
@@ -636,7 +658,7 @@ def _timeline(
         webgl = n > webgl_threshold and not large
     if x_range is None:
         x_range = DataRange1d(range_padding=0.02)
-    hover = HoverTool(tooltips=_tooltips(), name="span hover")
+    hover = HoverTool(tooltips=_tooltips(), formatters=_formatters(), name="span hover")
     wheel = WheelZoomTool(dimensions="width")
     pan = PanTool(dimensions="width")
     tap = TapTool()
