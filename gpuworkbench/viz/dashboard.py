@@ -24,7 +24,8 @@ from gpuworkbench.trace.analysis import summarize
 from gpuworkbench.trace.spans import COLUMNS, empty_table
 
 from . import inline_setup
-from .timeline import RowLayout, build_timeline, device_names, span_columns
+from .timeline import build_timeline, device_names
+from .timeline_data import RowLayout, span_columns
 
 #: Most pushes a second a dashboard may make; DESIGN §5 asks for 10–30.
 MAX_RATE_HZ = 30.0

@@ -16,7 +16,6 @@ loop over spans; the live dashboard reuses ``RowLayout`` and ``span_columns`` to
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,8 +43,8 @@ from bokeh.models import (
 from bokeh.plotting import figure
 from bokeh.transform import factor_cmap, factor_hatch
 
-from gpuworkbench.trace.analysis import STATES, state_segments
-from gpuworkbench.trace.spans import HOST_KINDS, HOST_STREAM, KIND_CODE, KINDS
+from gpuworkbench.trace.analysis import STATES
+from gpuworkbench.trace.spans import KIND_CODE
 
 from . import timeline_js
 from .aggregate import aggregate
@@ -59,427 +58,44 @@ from .palette import (
     STYLE_INK,
     STYLES,
 )
+from .timeline_data import (  # noqa: F401  (re-exported: the dashboard and tests read them here)
+    _ALL_COLORS,
+    _ALPHA,
+    _AXIS_PX,
+    _BAR_HEIGHT,
+    _CELL_COLUMNS,
+    _CHAR_PX,
+    _HEIGHT,
+    _LEGENDS_PX,
+    _RANGE,
+    _SPAN_COLUMNS,
+    _STATE_COLUMNS,
+    _TIME_AXIS,
+    _WAIT_STYLE,
+    ALL_STYLES,
+    BUSY_STEPS,
+    CELL_PX,
+    DETAIL_LIMIT,
+    ENQUEUE,
+    HOST_WAIT_PATTERN,
+    LINK_COLOR,
+    WEBGL_THRESHOLD,
+    RowLayout,
+    cell_columns,
+    compact_columns,
+    host_waits,
+    launch_links,
+    span_columns,
+    span_styles,
+    state_columns,
+)
 
 __all__ = ["KIND_COLORS", "STATE_COLORS"]  # re-exported from .palette for older imports
-
-#: Above this many spans the figure draws with WebGL (canvas becomes slow to pan around 10^4 bars).
-WEBGL_THRESHOLD = 5_000
-#: Above this many spans (or state segments) the document carries them compactly and the browser draws those in view:
-#: the spans themselves when at most this many are visible, otherwise cells per (row, pixel column).
-DETAIL_LIMIT = 20_000
-#: API calls that block the calling thread until the device catches up: synchronizes, blocking copies, frees.
-HOST_WAIT_PATTERN = re.compile(
-    r"synchroni[sz]e|^(?:cu|cuda|hip)memcpy(?!.*async)|^(?:cu|cuda|hip)(?:mem)?free(?:_v\d)?$", re.I
-)
-#: What a device span launched from the workbench's own row (no API call of the trace) is said to be launched by.
-ENQUEUE = "enqueue (workbench)"
-#: All colour keys of the drawn sources: span styles, then states (state segments ride along in the compact arrays).
-ALL_STYLES: tuple[str, ...] = (*STYLES, *STATES)
-LINK_COLOR = "#e7298a"
-#: Width of a cell of a zoomed-out large timeline in pixels (1: one per pixel column; 2 halves what the browser draws).
-CELL_PX = 2
-#: Busy fractions are drawn in this many steps of opacity; neighbouring cells in the same step merge into one bar.
-BUSY_STEPS = 8
-_ALL_COLORS: dict[str, str] = {**STYLE_COLORS, **STATE_COLORS}
-_SPAN_COLUMNS = (
-    "left",
-    "right",
-    "row",
-    "kind",
-    "style",
-    "name",
-    "bytes",
-    "gbps",
-    "duration_us",
-    "call",
-    "call_left",
-    "call_row",
-    "launch_us",
-    "queue_us",
-    "height",
-    "alpha",
-)
-_STATE_COLUMNS = ("left", "right", "row", "state", "duration_us")
-_CELL_COLUMNS = ("left", "right", "row", "style", "count", "busy", "alpha")
-
-_KIND_NAMES = np.array(KINDS, dtype=object)
-_STYLE_NAMES = np.array(STYLES, dtype=object)
-_COPY_KINDS = np.array([k in ("h2d", "d2h", "d2d") for k in KINDS])
-_HOST_KIND = np.array([k in HOST_KINDS for k in KINDS])
-_WAIT_STYLE = STYLES.index(HOST_WAIT)
 
 
 def _wait_hatch() -> Any:
     """Hatching for host waits, none for every other style (a new mapper per figure: models live in one document)."""
     return factor_hatch("style", [HOST_WAIT_HATCH if s == HOST_WAIT else " " for s in STYLES], list(STYLES))
-
-
-_BAR_HEIGHT = 0.8
-# Host ranges enclose the calls made inside them: drawn first, taller and translucent, calls on top and thinner.
-_RANGE = KIND_CODE["range"]
-_HEIGHT = np.array([0.9 if k == "range" else 0.55 if k == "api" else _BAR_HEIGHT for k in KINDS])
-_ALPHA = np.array([0.45 if k == "range" else 1.0 for k in KINDS])
-_AXIS_PX = 90  # room for the title, the x axis and the toolbar
-_CHAR_PX = 6.2  # mean width of an 8pt character, to decide whether a name fits on its bar
-_TIME_AXIS = "time since trace start (ms)"
-
-
-def _row_key(devices: np.ndarray, streams: np.ndarray) -> np.ndarray:
-    """One int64 per (device, stream) pair."""
-    return np.asarray(devices, dtype=np.int64) * (1 << 32) + (np.asarray(streams, dtype=np.int64) + (1 << 31))
-
-
-def _row_order(stream: int) -> tuple[int, int]:
-    """Within a device: host threads (thread 0 first), then the workbench's own row, then device streams by id."""
-    if stream <= -2:
-        return (0, -2 - stream)
-    return (1, 0) if stream == HOST_STREAM else (2, stream)
-
-
-class RowLayout:
-    """The timeline's rows: each (device, stream) seen so far with a unique label, and a state strip per device.
-
-    Rows are ordered device by device (host thread rows, the workbench's row, streams by id, then the device's state
-    strip), so that rows can be added as a live trace reveals new streams without relabelling the old ones.
-    """
-
-    def __init__(
-        self,
-        device_names: Mapping[int, str] | None = None,
-        stream_labels: Mapping[tuple[int, int], str] | None = None,
-        states: bool = True,
-    ) -> None:
-        self.device_names = dict(device_names or {})
-        self.stream_labels = dict(stream_labels or {})
-        self.states = states
-        self._label_of: dict[int, str] = {}  # row key -> label
-        self._state_label_of: dict[int, str] = {}  # device -> label of its state strip
-        self._used: set[str] = set()
-
-    def _unique(self, label: str, suffix: str) -> str:
-        if label in self._used:
-            label = f"{label} ({suffix})"
-        while label in self._used:
-            label += "'"
-        self._used.add(label)
-        return label
-
-    def device_label(self, device: int) -> str:
-        """The name rows of ``device`` start with."""
-        return self.device_names.get(device, f"device {device}")
-
-    def add(self, devices: np.ndarray, streams: np.ndarray) -> bool:
-        """Add the rows of these spans' (device, stream) pairs; True when a row is new."""
-        keys = np.unique(_row_key(devices, streams))
-        new = [int(k) for k in keys if int(k) not in self._label_of]
-        for key in new:
-            device, stream = key >> 32, (key & 0xFFFFFFFF) - (1 << 31)
-            if self.states and device not in self._state_label_of:
-                self._state_label_of[device] = self._unique(f"{self.device_label(device)} · states", str(device))
-            if stream == HOST_STREAM:
-                label = "workbench"
-            else:
-                default = f"host thread {-2 - stream}" if stream < -1 else f"stream {stream}"
-                label = self.stream_labels.get((device, stream), default)
-            self._label_of[key] = self._unique(f"{self.device_label(device)} · {label}", str(stream))
-        return bool(new)
-
-    def add_table(self, table: Mapping[str, np.ndarray], links: Mapping[str, np.ndarray] | None = None) -> bool:
-        """Add the rows of a table's spans and the workbench rows its enqueued device spans link from (``links``:
-        ``launch_links(table)`` where already computed)."""
-        new = self.add(table["device"], table["stream"])
-        links = launch_links(table) if links is None else links
-        enqueued = links["call"] == -2
-        if enqueued.any():
-            devices = np.asarray(table["device"])[enqueued]
-            new = self.add(devices, np.full(devices.size, HOST_STREAM)) or new
-        return new
-
-    def labels(self, devices: np.ndarray, streams: np.ndarray) -> np.ndarray:
-        """The row label of every span (an object array), for rows already added."""
-        keys, inverse = np.unique(_row_key(devices, streams), return_inverse=True)
-        names = np.array([self._label_of[int(k)] for k in keys], dtype=object)
-        return names[inverse.reshape(-1)] if keys.size else np.zeros(0, dtype=object)
-
-    def codes(self, devices: np.ndarray, streams: np.ndarray) -> np.ndarray:
-        """The position of every span's row in ``top_to_bottom`` (int64), for rows already added."""
-        position = {label: i for i, label in enumerate(self.top_to_bottom)}
-        keys, inverse = np.unique(_row_key(devices, streams), return_inverse=True)
-        codes = np.array([position[self._label_of[int(k)]] for k in keys], dtype=np.int64)
-        return codes[inverse.reshape(-1)] if keys.size else np.zeros(0, dtype=np.int64)
-
-    def state_label(self, device: int) -> str:
-        """The label of ``device``'s state strip (its row is made when the device's first span is added)."""
-        return self._state_label_of[device]
-
-    @property
-    def devices(self) -> list[int]:
-        """The devices with at least one row, in order."""
-        return sorted({key >> 32 for key in self._label_of})
-
-    @property
-    def top_to_bottom(self) -> list[str]:
-        """Row labels as they appear from the top of the figure."""
-        rows: list[str] = []
-        for device in self.devices:
-            keys = sorted(
-                (k for k in self._label_of if k >> 32 == device),
-                key=lambda k: _row_order((k & 0xFFFFFFFF) - (1 << 31)),
-            )
-            rows += [self._label_of[k] for k in keys]
-            if self.states:
-                rows.append(self._state_label_of[device])
-        return rows
-
-    @property
-    def factors(self) -> list[str]:
-        """The y range's factors: Bokeh lists categorical factors from the bottom up."""
-        return self.top_to_bottom[::-1]
-
-    def height(self, row_px: int) -> int:
-        """Figure height in pixels for ``row_px`` per row."""
-        # The rows, the axis and the two legends under it (a few lines each), so that narrow views keep their plot.
-        return _AXIS_PX + _LEGENDS_PX + row_px * max(len(self._label_of) + len(self._state_label_of), 1)
-
-
-def host_waits(table: Mapping[str, np.ndarray]) -> np.ndarray:
-    """True for every ``api`` span whose call blocks its thread (``HOST_WAIT_PATTERN``: synchronizes, blocking
-    copies, frees)."""
-    kind = np.asarray(table["kind"])
-    api = np.flatnonzero(kind == KIND_CODE["api"])
-    waits = np.zeros(kind.size, dtype=bool)
-    if api.size:
-        names = np.asarray(table["name"], dtype=object)[api]
-        verdict = {name: bool(HOST_WAIT_PATTERN.search(str(name))) for name in set(names.tolist())}
-        waits[api] = np.fromiter((verdict[name] for name in names.tolist()), dtype=bool, count=api.size)
-    return waits
-
-
-def span_styles(table: Mapping[str, np.ndarray]) -> np.ndarray:
-    """The style code (index in ``palette.STYLES``) of every span: its kind, or host wait for a blocking call."""
-    style = np.asarray(table["kind"], dtype=np.int64).copy()
-    style[host_waits(table)] = _WAIT_STYLE
-    return style
-
-
-def launch_links(table: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Where each device span was launched from, and how long it took to start.
-
-    ``call``: the index of the ``api`` span with the span's ``corr`` (correlation ids are unique in a process, so the
-    join is on ``corr`` alone, as in the Chrome-trace export; the first such call wins), -2 where the span has no call
-    but an enqueue time (launched from the workbench's row), -1 where neither (host spans too). ``origin_ns``: that
-    call's start or the enqueue time. ``latency_ns``: start minus origin. ``queue_ns``: the part of the latency during
-    which earlier work on the span's own stream was still running (from the origin until that work's last end).
-    """
-    kind = np.asarray(table["kind"], dtype=np.int64)
-    n = kind.size
-    corr = np.asarray(table["corr"], dtype=np.int64)
-    start = np.asarray(table["start_ns"], dtype=np.int64)
-    end = np.asarray(table["end_ns"], dtype=np.int64)
-    enqueue = np.asarray(table["enqueue_ns"], dtype=np.int64)
-    device_work = ~_HOST_KIND[kind] if n else np.zeros(0, dtype=bool)
-    call = np.full(n, -1, dtype=np.int64)
-    calls = np.flatnonzero((kind == KIND_CODE["api"]) & (corr >= 0))
-    wanted = np.flatnonzero(device_work & (corr >= 0))
-    if calls.size and wanted.size:
-        order = np.argsort(corr[calls], kind="stable")
-        sorted_corr = corr[calls][order]
-        at = np.minimum(np.searchsorted(sorted_corr, corr[wanted]), sorted_corr.size - 1)
-        found = sorted_corr[at] == corr[wanted]
-        call[wanted[found]] = calls[order[at[found]]]
-    call[device_work & (call < 0) & (enqueue >= 0)] = -2
-    origin = np.full(n, -1, dtype=np.int64)
-    by_call = call >= 0
-    origin[by_call] = start[call[by_call]]
-    origin[call == -2] = enqueue[call == -2]
-    linked = call != -1
-    latency = np.where(linked, start - origin, 0)
-
-    # Earlier work on the same stream: the running maximum of ends before each device span, row by row.
-    queue = np.zeros(n, dtype=np.int64)
-    work = np.flatnonzero(device_work)
-    if work.size:
-        _, row = np.unique(_row_key(table["device"], table["stream"])[work], return_inverse=True)
-        row = row.reshape(-1)
-        order = np.lexsort((start[work], row))
-        w, r = work[order], row[order]
-        low = int(start[w].min())
-        stride = 2 * (int(end[w].max()) - low + 1)
-        reach = np.maximum.accumulate(r * stride + (end[w] - low))
-        previous = np.full(w.size, np.iinfo(np.int64).min)
-        same = r[1:] == r[:-1]
-        previous[1:][same] = (reach[:-1] - r[1:] * stride + low)[same]
-        busy_until = np.maximum(previous, origin[w])
-        queue[w] = np.where(linked[w], np.clip(busy_until - origin[w], 0, np.maximum(latency[w], 0)), 0)
-    return {"call": call, "origin_ns": origin, "latency_ns": latency, "queue_ns": queue}
-
-
-def _origin_rows(table: Mapping[str, np.ndarray], call: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The (device, stream) row each linked span's arrow starts on (only meaningful where ``call`` != -1)."""
-    devices = np.asarray(table["device"], dtype=np.int64).copy()
-    streams = np.full(devices.size, HOST_STREAM, dtype=np.int64)
-    by_call = call >= 0
-    devices[by_call] = np.asarray(table["device"], dtype=np.int64)[call[by_call]]
-    streams[by_call] = np.asarray(table["stream"], dtype=np.int64)[call[by_call]]
-    return devices, streams
-
-
-def span_columns(
-    table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int, links: Mapping[str, np.ndarray] | None = None
-) -> dict[str, np.ndarray]:
-    """The timeline's ColumnDataSource columns for these spans (``rows.add_table(table)`` must have run).
-
-    Times are ms from ``t0_ns``; ``gbps`` (bytes per ns) is NaN for spans that are not copies or last 0 ns. A device
-    span's launch: ``call`` (the API call's name, or ``ENQUEUE``), ``call_left`` / ``call_row`` (where the arrow
-    starts), ``launch_us`` and ``queue_us``; NaN and "" where it has none.
-    """
-    kind = np.asarray(table["kind"], dtype=np.intp)
-    start = np.asarray(table["start_ns"], dtype=np.int64)
-    end = np.asarray(table["end_ns"], dtype=np.int64)
-    duration = (end - start).astype(np.float64)
-    nbytes = np.asarray(table["bytes"], dtype=np.float64)
-    copy = _COPY_KINDS[kind] & (duration > 0)
-    gbps = np.full(kind.size, np.nan)
-    np.divide(nbytes, duration, out=gbps, where=copy)
-    links = launch_links(table) if links is None else links
-    call = links["call"]
-    linked = call != -1
-    names = np.asarray(table["name"], dtype=object)
-    call_name = np.full(kind.size, "", dtype=object)
-    call_name[call >= 0] = names[call[call >= 0]]
-    call_name[call == -2] = ENQUEUE
-    call_row = np.full(kind.size, "", dtype=object)
-    if linked.any():
-        devices, streams = _origin_rows(table, call)
-        call_row[linked] = rows.labels(devices[linked], streams[linked])
-    nan = np.full(kind.size, np.nan)
-    return {
-        "left": (start - t0_ns) / 1e6,
-        "right": (end - t0_ns) / 1e6,
-        "row": rows.labels(table["device"], table["stream"]),
-        "kind": _KIND_NAMES[kind],
-        "style": _STYLE_NAMES[span_styles(table)],
-        "name": names,
-        "bytes": nbytes,
-        "gbps": gbps,
-        "duration_us": duration / 1e3,
-        "call": call_name,
-        "call_left": np.where(linked, (links["origin_ns"] - t0_ns) / 1e6, nan),
-        "call_row": call_row,
-        "launch_us": np.where(linked, links["latency_ns"] / 1e3, nan),
-        "queue_us": np.where(linked, links["queue_ns"] / 1e3, nan),
-        "height": _HEIGHT[kind],
-        "alpha": _ALPHA[kind],
-    }
-
-
-def state_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) -> dict[str, np.ndarray]:
-    """The state strips' columns: the 8-state segments of every device, neighbours in the same state merged."""
-    parts = []
-    for device in rows.devices:
-        seg = state_segments(table, device)
-        state = seg["state"]
-        if state.size == 0:
-            continue
-        first = np.ones(state.size, dtype=bool)
-        first[1:] = state[1:] != state[:-1]
-        starts = np.flatnonzero(first)
-        ends = np.append(starts[1:], state.size) - 1
-        parts.append((device, seg["start_ns"][starts], seg["end_ns"][ends], state[starts]))
-    if not parts:
-        times, labels = np.zeros(0), np.zeros(0, dtype=object)
-        return {"left": times, "right": times, "row": labels, "state": labels, "duration_us": times}
-    lefts = np.concatenate([p[1] for p in parts])
-    rights = np.concatenate([p[2] for p in parts])
-    states = np.concatenate([p[3] for p in parts])
-    row = np.concatenate([np.full(p[1].size, rows.state_label(p[0]), dtype=object) for p in parts])
-    return {
-        "left": (lefts - t0_ns) / 1e6,
-        "right": (rights - t0_ns) / 1e6,
-        "row": row,
-        "state": states,
-        "duration_us": (rights - lefts) / 1e3,
-    }
-
-
-def _codes(values: np.ndarray, table: dict[str, int]) -> np.ndarray:
-    """Small integer codes of strings, growing ``table`` (string -> code) with the new ones."""
-    return np.fromiter((table.setdefault(v, len(table)) for v in values.tolist()), dtype=np.int64, count=len(values))
-
-
-def compact_columns(
-    table: Mapping[str, np.ndarray],
-    rows: RowLayout,
-    t0_ns: int,
-    states: Mapping[str, np.ndarray] | None = None,
-    links: Mapping[str, np.ndarray] | None = None,
-) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Every span (and non-idle state segment) as typed arrays sorted by start, with the table of their names.
-
-    Columns: ``start`` (ms, float64), ``dur`` (ms, float32), ``row`` (position in ``rows.top_to_bottom``), ``style``
-    (index in ``ALL_STYLES``: a state segment's is past the span styles), ``name`` (index in the names), ``bytes``,
-    and the launch: ``lat`` (ms, NaN where none), ``queue`` (ms), ``orow`` (the arrow's start row), ``oname`` (the
-    call's name). What the large timeline's document carries, a few bytes per span, and what the browser draws from.
-    """
-    kind = np.asarray(table["kind"], dtype=np.int64)
-    start = np.asarray(table["start_ns"], dtype=np.int64)
-    end = np.asarray(table["end_ns"], dtype=np.int64)
-    names: dict[str, int] = {"": 0, ENQUEUE: 1}
-    name = _codes(np.asarray(table["name"], dtype=object), names)
-    links = launch_links(table) if links is None else links
-    call = links["call"]
-    linked = call != -1
-    orow = np.zeros(kind.size, dtype=np.int64)
-    if linked.any():
-        devices, streams = _origin_rows(table, call)
-        orow[linked] = rows.codes(devices[linked], streams[linked])
-    oname = np.where(call >= 0, name[np.maximum(call, 0)], np.where(call == -2, 1, 0))
-    parts = {
-        "start": (start - t0_ns) / 1e6,
-        "dur": (end - start) / 1e6,
-        "row": rows.codes(table["device"], table["stream"]),
-        "style": span_styles(table),
-        "name": name,
-        "bytes": np.asarray(table["bytes"], dtype=np.float64),
-        "lat": np.where(linked, links["latency_ns"] / 1e6, np.nan),
-        "queue": links["queue_ns"] / 1e6,
-        "orow": orow,
-        "oname": oname,
-    }
-    if states is not None and len(states["left"]):
-        busy = np.asarray(states["state"], dtype=object) != "idle"
-        position = {label: i for i, label in enumerate(rows.top_to_bottom)}
-        state_code = {s: len(STYLES) + i for i, s in enumerate(STATES)}
-        m = int(busy.sum())
-        extra = {
-            "start": np.asarray(states["left"], dtype=np.float64)[busy],
-            "dur": np.asarray(states["duration_us"], dtype=np.float64)[busy] / 1e3,
-            "row": np.array([position[r] for r in np.asarray(states["row"], dtype=object)[busy]], dtype=np.int64),
-            "style": np.array([state_code[s] for s in np.asarray(states["state"], dtype=object)[busy]], np.int64),
-            "name": np.zeros(m, np.int64),
-            "bytes": np.zeros(m),
-            "lat": np.full(m, np.nan),
-            "queue": np.zeros(m),
-            "orow": np.zeros(m, np.int64),
-            "oname": np.zeros(m, np.int64),
-        }
-        parts = {col: np.concatenate([parts[col], extra[col]]) for col in parts}
-    order = np.argsort(parts["start"], kind="stable")
-    small = np.uint16 if len(rows.top_to_bottom) < 1 << 16 else np.uint32
-    dtypes = {
-        "start": np.float64,
-        "dur": np.float32,
-        "row": small,
-        "style": np.uint8,
-        "name": np.uint32,
-        "bytes": np.float64,
-        "lat": np.float32,
-        "queue": np.float32,
-        "orow": small,
-        "oname": np.uint32,
-    }
-    columns = {col: parts[col][order].astype(dtypes[col]) for col in parts}
-    return columns, list(names)
 
 
 def _tooltips() -> list[tuple[str, str]]:
@@ -520,9 +136,6 @@ def _formatters() -> dict[str, Any]:
 
 def _empty(columns: Mapping[str, Any]) -> dict[str, list]:
     return {col: [] for col in columns}
-
-
-_LEGENDS_PX = 150  # two legends under the plot: kinds in up to 2 lines of 6, states in 4 lines of 2, with titles
 
 
 def _legends(fig: Any, styles_present: list[str], states: bool) -> None:
@@ -852,32 +465,6 @@ def _aggregate_columns(columns: Mapping[str, np.ndarray], lo: float, hi: float, 
     start = np.asarray(columns["start"], dtype=np.float64)
     end = start + np.asarray(columns["dur"], dtype=np.float64)
     return aggregate(columns["row"], columns["style"], start, end, lo, hi, bins, n_rows, len(ALL_STYLES))
-
-
-def cell_columns(cells: Mapping[str, np.ndarray], row_names: list[str]) -> dict[str, Any]:
-    """``aggregate``'s cells as the drawn source's columns: neighbouring cells of a row with the same style and busy
-    step (``BUSY_STEPS``) merged into one bar (counts summed, busy averaged), opacity from the step."""
-    row = np.asarray(cells["row"], dtype=np.int64)
-    bin_ = np.asarray(cells["bin"], dtype=np.int64)
-    style = np.asarray(cells["style"], dtype=np.int64)
-    busy = np.asarray(cells["busy"], dtype=np.float64)
-    step = np.rint(busy * BUSY_STEPS).astype(np.int64)
-    if row.size == 0:
-        return {col: [] for col in _CELL_COLUMNS}
-    new = np.ones(row.size, dtype=bool)
-    new[1:] = (row[1:] != row[:-1]) | (style[1:] != style[:-1]) | (step[1:] != step[:-1]) | (bin_[1:] != bin_[:-1] + 1)
-    first = np.flatnonzero(new)
-    last = np.append(first[1:], row.size) - 1
-    length = last - first + 1
-    return {
-        "left": np.asarray(cells["left"], dtype=np.float64)[first],
-        "right": np.asarray(cells["right"], dtype=np.float64)[last],
-        "row": np.array(row_names, dtype=object)[row[first]],
-        "style": np.array(ALL_STYLES, dtype=object)[style[first]],
-        "count": np.add.reduceat(np.asarray(cells["count"], dtype=np.int64), first),
-        "busy": np.add.reduceat(busy, first) / length,
-        "alpha": 0.25 + 0.75 * step[first] / BUSY_STEPS,
-    }
 
 
 def _follow(fig: Any, view: CustomJS) -> None:
