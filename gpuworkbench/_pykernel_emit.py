@@ -358,8 +358,8 @@ class _WgslSource(_CSource):
         if isinstance(x, Builtin):
             return self.builtin(x)
         if isinstance(x, Cast):
-            if self.types[x.type] == self.types[x.operand.type]:  # isize is i32 here
-                return self.e(x.operand)
+            if self.types[x.type] == self.types[x.operand.type]:  # isize is i32 here: no cast, but still one operand
+                return self.atom(x.operand)
             return f"{self.types[x.type]}({_bare(self.e(x.operand))})"
         return super().e(x)
 

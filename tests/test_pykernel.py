@@ -517,3 +517,16 @@ def test_refused_signatures():
     with pytest.raises(gw.InvalidArgument, match="is not one of"):
         gw.f32[1:2]
     assert gw.f32[:, "w"].width == gw.f32[:, gw.width.w].width == "w"  # the string says the same, linters aside
+
+
+def test_wgsl_keeps_a_compound_row_index_one_operand():
+    """A 2-D read whose row is an expression: WGSL's flat index is ``(y + 1) * w + x`` (its index type needs no cast,
+    and the missing cast once dropped the parentheses: ``y + 1 * w + x`` read the wrong element)."""
+
+    @gw.kernel
+    def shift_down(x: gw.index, y: gw.index, out: gw.f32[:, :], a: gw.f32[:, :], rows: gw.i32):
+        if y + 1 < rows:
+            out[y, x] = a[y + 1, x]
+
+    source = shift_down.source("wgsl")
+    assert "a[(y + 1i) * gw_args.gw_nx + x]" in source, source

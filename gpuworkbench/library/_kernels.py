@@ -12,6 +12,7 @@ import math
 from .. import pykernel as gw
 
 TILE = 16  # matmul and transpose tiles: TILE × TILE threads per block
+BLOCK = 4 * TILE  # the tiled matmul's tile of c per block (4 × 4 values per thread)
 ROW = 256  # threads per block for row operations
 HALVINGS = 8  # log2(ROW)
 NEG_INF = -math.inf
@@ -47,23 +48,117 @@ def matmul_tiled(
     n: gw.i32,
     k: gw.i32,
 ):
-    """c = a @ b through TILE × TILE tiles of a and b in shared memory (the launch covers whole tiles)."""
-    ta = gw.shared((TILE, TILE), gw.f32)
-    tb = gw.shared((TILE, TILE), gw.f32)
+    """c = a @ b, register-blocked: a block of TILE × TILE threads computes a BLOCK × BLOCK tile of c, each thread
+    4 × 4 of it (rows ty + TILE·i, columns tx + TILE·j, so that neighbouring threads touch neighbouring columns),
+    from BLOCK × TILE slices of a and TILE × BLOCK slices of b staged in shared memory. Each value read from shared
+    memory feeds 4 multiply-adds. The launch covers (rows, columns) rounded up to BLOCK, divided by 4."""
+    ta = gw.shared((BLOCK, TILE), gw.f32)
+    tb = gw.shared((TILE, BLOCK), gw.f32)
     tx = gw.local_id(0)
     ty = gw.local_id(1)
-    acc = 0.0
+    row0 = gw.group_id(1) * BLOCK + ty
+    col0 = gw.group_id(0) * BLOCK + tx
+    c00 = 0.0
+    c01 = 0.0
+    c02 = 0.0
+    c03 = 0.0
+    c10 = 0.0
+    c11 = 0.0
+    c12 = 0.0
+    c13 = 0.0
+    c20 = 0.0
+    c21 = 0.0
+    c22 = 0.0
+    c23 = 0.0
+    c30 = 0.0
+    c31 = 0.0
+    c32 = 0.0
+    c33 = 0.0
     for t in range((k + TILE - 1) // TILE):
-        ka = t * TILE + tx
-        kb = t * TILE + ty
-        ta[ty, tx] = a[y, ka] if y < m and ka < k else 0.0
-        tb[ty, tx] = b[kb, x] if kb < k and x < n else 0.0
+        kk = t * TILE
+        r = row0
+        ta[ty, tx] = a[r, kk + tx] if r < m and kk + tx < k else 0.0
+        r = row0 + TILE
+        ta[ty + TILE, tx] = a[r, kk + tx] if r < m and kk + tx < k else 0.0
+        r = row0 + 2 * TILE
+        ta[ty + 2 * TILE, tx] = a[r, kk + tx] if r < m and kk + tx < k else 0.0
+        r = row0 + 3 * TILE
+        ta[ty + 3 * TILE, tx] = a[r, kk + tx] if r < m and kk + tx < k else 0.0
+        q = col0
+        tb[ty, tx] = b[kk + ty, q] if kk + ty < k and q < n else 0.0
+        q = col0 + TILE
+        tb[ty, tx + TILE] = b[kk + ty, q] if kk + ty < k and q < n else 0.0
+        q = col0 + 2 * TILE
+        tb[ty, tx + 2 * TILE] = b[kk + ty, q] if kk + ty < k and q < n else 0.0
+        q = col0 + 3 * TILE
+        tb[ty, tx + 3 * TILE] = b[kk + ty, q] if kk + ty < k and q < n else 0.0
         gw.barrier()
-        for j in range(TILE):
-            acc += ta[ty, j] * tb[j, tx]
+        for p in range(TILE):
+            a0 = ta[ty, p]
+            a1 = ta[ty + TILE, p]
+            a2 = ta[ty + 2 * TILE, p]
+            a3 = ta[ty + 3 * TILE, p]
+            b0 = tb[p, tx]
+            b1 = tb[p, tx + TILE]
+            b2 = tb[p, tx + 2 * TILE]
+            b3 = tb[p, tx + 3 * TILE]
+            c00 += a0 * b0
+            c01 += a0 * b1
+            c02 += a0 * b2
+            c03 += a0 * b3
+            c10 += a1 * b0
+            c11 += a1 * b1
+            c12 += a1 * b2
+            c13 += a1 * b3
+            c20 += a2 * b0
+            c21 += a2 * b1
+            c22 += a2 * b2
+            c23 += a2 * b3
+            c30 += a3 * b0
+            c31 += a3 * b1
+            c32 += a3 * b2
+            c33 += a3 * b3
         gw.barrier()
-    if y < m and x < n:
-        c[y, x] = acc
+    r = row0
+    if r < m:
+        if col0 < n:
+            c[r, col0] = c00
+        if col0 + TILE < n:
+            c[r, col0 + TILE] = c01
+        if col0 + 2 * TILE < n:
+            c[r, col0 + 2 * TILE] = c02
+        if col0 + 3 * TILE < n:
+            c[r, col0 + 3 * TILE] = c03
+    r = row0 + TILE
+    if r < m:
+        if col0 < n:
+            c[r, col0] = c10
+        if col0 + TILE < n:
+            c[r, col0 + TILE] = c11
+        if col0 + 2 * TILE < n:
+            c[r, col0 + 2 * TILE] = c12
+        if col0 + 3 * TILE < n:
+            c[r, col0 + 3 * TILE] = c13
+    r = row0 + 2 * TILE
+    if r < m:
+        if col0 < n:
+            c[r, col0] = c20
+        if col0 + TILE < n:
+            c[r, col0 + TILE] = c21
+        if col0 + 2 * TILE < n:
+            c[r, col0 + 2 * TILE] = c22
+        if col0 + 3 * TILE < n:
+            c[r, col0 + 3 * TILE] = c23
+    r = row0 + 3 * TILE
+    if r < m:
+        if col0 < n:
+            c[r, col0] = c30
+        if col0 + TILE < n:
+            c[r, col0 + TILE] = c31
+        if col0 + 2 * TILE < n:
+            c[r, col0 + 2 * TILE] = c32
+        if col0 + 3 * TILE < n:
+            c[r, col0 + 3 * TILE] = c33
 
 
 @gw.kernel(name="transpose", block=(TILE, TILE))
