@@ -205,6 +205,25 @@ def pipeline_setup():
     return gw, dev, pipe, inputs, outputs
 
 
+def traced_pairs(gw, pipe, inputs, outputs, count: int, gap_s: float = 0.0) -> list[dict[str, float]]:
+    """``count`` ABBA pairs of one ``pipe.run`` untraced and inside a fresh ``gw.trace()``: ms of each, ``gap_s``
+    slept before every run."""
+    pairs = []
+    for p in range(count):
+        pair = {}
+        for which in ("untraced", "traced") if p % 2 == 0 else ("traced", "untraced"):
+            time.sleep(gap_s)
+            t0 = time.perf_counter()
+            if which == "traced":
+                with gw.trace():
+                    pipe.run(inputs, outputs)
+            else:
+                pipe.run(inputs, outputs)
+            pair[which] = (time.perf_counter() - t0) * 1e3
+        pairs.append(pair)
+    return pairs
+
+
 def child(mode: str) -> None:
     """One fresh process: the first trace of a process around a pipeline run, or the launch loop's idle cost."""
     if mode in ("first-traced", "first-traced-loaded", "first-untraced"):
@@ -251,18 +270,7 @@ def cost() -> None:
     gw_, dev, pipe, inputs, outputs = pipeline_setup()
     with gw.trace():
         pipe.run(inputs[:1], outputs[:1])  # the process's first trace: setup done
-    pairs = []
-    for p in range(20):
-        pair = {}
-        for which in ("untraced", "traced") if p % 2 == 0 else ("traced", "untraced"):
-            t0 = time.perf_counter()
-            if which == "traced":
-                with gw.trace():
-                    pipe.run(inputs, outputs)
-            else:
-                pipe.run(inputs, outputs)
-            pair[which] = (time.perf_counter() - t0) * 1e3
-        pairs.append(pair)
+    pairs = traced_pairs(gw, pipe, inputs, outputs, 20)
     ratio = [p["traced"] / p["untraced"] for p in pairs]
     delta = [p["traced"] - p["untraced"] for p in pairs]
     emit(

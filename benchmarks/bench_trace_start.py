@@ -18,7 +18,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_any_cuda import pipeline_setup  # noqa: E402
+from bench_any_cuda import pipeline_setup, traced_pairs  # noqa: E402
 
 from gpuworkbench.trace import cupti as cupti_source  # noqa: E402
 from gpuworkbench.trace import recorder  # noqa: E402
@@ -54,19 +54,7 @@ def main() -> None:
     results = []
     for gap in (0.0, 0.2):
         TIMES.clear()
-        pairs = []
-        for p in range(args.pairs):
-            pair = {}
-            for which in ("untraced", "traced") if p % 2 == 0 else ("traced", "untraced"):
-                time.sleep(gap)
-                t0 = time.perf_counter()
-                if which == "traced":
-                    with gw.trace():
-                        pipe.run(inputs, outputs)
-                else:
-                    pipe.run(inputs, outputs)
-                pair[which] = (time.perf_counter() - t0) * 1e3
-            pairs.append(pair)
+        pairs = traced_pairs(gw, pipe, inputs, outputs, args.pairs, gap)
         row = {
             "what": f"pipeline 16x64MiB, fresh trace per traced run, {gap} s between runs",
             "untraced_ms": statistics.median(p["untraced"] for p in pairs),
