@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import library, ops
+from . import ops
 from .buffer import Buffer
-from .crossovers import CrossoverResult, crossover
 from .device import BackendKind, Device, backend_status, devices
 from .errors import (
     BackendUnavailable,
@@ -76,11 +75,14 @@ def live(trace: Trace | None = None, device: Device | str | None = None, client:
 
 
 def __getattr__(name: str) -> Any:
-    """``gw.dask`` on first use: ``import gpuworkbench`` does not import Dask."""
-    if name == "dask":
-        import importlib
+    """``gw.dask``, ``gw.library`` and ``gw.crossover`` on first use: ``import gpuworkbench`` imports neither Dask nor
+    the library, whose kernels are translated as it loads (~0.1 s)."""
+    import importlib
 
-        return importlib.import_module(".dask", __name__)
+    if name in ("dask", "library"):
+        return importlib.import_module(f".{name}", __name__)
+    if name in ("crossover", "CrossoverResult"):
+        return getattr(importlib.import_module(".crossovers", __name__), name)
     raise AttributeError(f"module 'gpuworkbench' has no attribute {name!r}")
 
 

@@ -155,3 +155,16 @@ def test_mismatches_name_both(cpu):
         lib.max(np.zeros((2, 0), np.float32), axis=-1, device=cpu)
     with pytest.raises(gw.InvalidArgument, match="method 'fast'"):
         lib.matmul(a, ints((4, 2)), method="fast", device=cpu)
+
+
+def test_import_gpuworkbench_leaves_the_library_until_first_use():
+    """The library translates its kernels as it loads: ``import gpuworkbench`` does not pay for that."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gpuworkbench as gw; assert 'gpuworkbench.library' not in sys.modules; "
+        "assert 'gpuworkbench.crossovers' not in sys.modules; "
+        "gw.library.softmax; gw.crossover; assert 'gpuworkbench.library' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
