@@ -11,11 +11,15 @@ fewer it writes ``{"skipped": ...}`` and exits 0. Targets:
 - two ``Pipeline.run`` (one per GPU, each from its own thread, both traced in one trace) take ≤ 1.1 × the wall time
   of one ``Pipeline.run`` on one GPU, traced; samples ABBA-interleaved (one, two, two, one, ...), medians compared.
   The traced two-GPU run's cross-device summary (busy % per device, slowest device, wait) is recorded too.
+  Beside it, in the same process, the same pipeline written in plain CuPy (three streams, two slots, the same
+  copies and kernel) on one GPU and on two at once: what the host's PCIe and memory give two GPUs copying together,
+  which bounds any library's ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import threading
@@ -123,6 +127,62 @@ def peer_copies(gw, cp, nbytes: int, rounds: int, src_index: int, dst_index: int
     return result
 
 
+def raw_pipeline(cp, index: int, inputs: list, outputs: list, depth: int = 2) -> float:
+    """The Pipeline's schedule in plain CuPy on GPU ``index``: upload, y = 2x + 1, download, ``depth`` slots in
+    flight on three streams ordered by events; returns the wall time."""
+    kernel = cp.ElementwiseKernel("float32 x", "float32 y", "y = 2*x + 1", "raw_affine")
+    nbytes = inputs[0].nbytes
+    with cp.cuda.Device(index):
+        up, comp, down = (cp.cuda.Stream(non_blocking=True) for _ in range(3))
+        ins = [cp.empty(inputs[0].size, cp.float32) for _ in range(depth)]
+        outs = [cp.empty(inputs[0].size, cp.float32) for _ in range(depth)]
+        computed: list = [None] * depth
+        downloaded: list = [None] * depth
+        t0 = time.perf_counter()
+        for i, (src, dst) in enumerate(zip(inputs, outputs)):
+            s = i % depth
+            if computed[s] is not None:
+                up.wait_event(computed[s])
+            cp.cuda.runtime.memcpyAsync(ins[s].data.ptr, src.ctypes.data, nbytes, 1, up.ptr)
+            comp.wait_event(up.record())
+            if downloaded[s] is not None:
+                comp.wait_event(downloaded[s])
+            with comp:
+                kernel(ins[s], outs[s])
+            computed[s] = comp.record()
+            down.wait_event(computed[s])
+            cp.cuda.runtime.memcpyAsync(dst.ctypes.data, outs[s].data.ptr, nbytes, 2, down.ptr)
+            downloaded[s] = down.record()
+        down.synchronize()
+        return time.perf_counter() - t0
+
+
+def raw_pipelines(cp, work: list, rounds: int) -> tuple[list[float], list[float]]:
+    """Samples of one raw CuPy pipeline on GPU 0 and of two at once (one per GPU, two threads), ABBA-interleaved."""
+
+    def one() -> float:
+        return raw_pipeline(cp, 0, work[0][1], work[0][2])
+
+    def two() -> float:
+        barrier = threading.Barrier(3)
+
+        def runner(index: int) -> None:
+            barrier.wait()
+            raw_pipeline(cp, index, work[index][1], work[index][2])
+
+        threads = [threading.Thread(target=runner, args=(i,)) for i in (0, 1)]
+        for th in threads:
+            th.start()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for th in threads:
+            th.join()
+        return time.perf_counter() - t0
+
+    one(), two()  # compile and warm
+    return abba(one, two, rounds)
+
+
 def pipelines(gw, batches: int, batch_elems: int, rounds: int) -> dict:
     """Wall time of two Pipeline.run on two GPUs from two threads against one on one GPU, all traced."""
     kernel = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="affine")
@@ -145,7 +205,7 @@ def pipelines(gw, batches: int, batch_elems: int, rounds: int) -> dict:
             pipe.run(inputs, outputs)
             return time.perf_counter() - t0
 
-    def two() -> float:
+    def two(traced: bool = True) -> float:
         barrier = threading.Barrier(3)
         errors: list[BaseException] = []
 
@@ -156,7 +216,7 @@ def pipelines(gw, batches: int, batch_elems: int, rounds: int) -> dict:
             except BaseException as exc:  # noqa: BLE001 - reported by the main thread
                 errors.append(exc)
 
-        with gw.trace() as t:
+        with gw.trace() if traced else contextlib.nullcontext() as t:
             threads = [threading.Thread(target=runner, args=w) for w in work]
             for th in threads:
                 th.start()
@@ -167,7 +227,8 @@ def pipelines(gw, batches: int, batch_elems: int, rounds: int) -> dict:
             wall = time.perf_counter() - t0
         if errors:
             raise errors[0]
-        summaries.append(t)
+        if traced:
+            summaries.append(t)
         return wall
 
     def untraced_one() -> float:
@@ -179,7 +240,10 @@ def pipelines(gw, batches: int, batch_elems: int, rounds: int) -> dict:
     one(), two()  # warm-up: each trace's first op of a device aligns its clock
     summaries.clear()
     one_s, two_s = abba(one, two, rounds)
-    untraced = [untraced_one() for _ in range(rounds)]
+    untraced, untraced_two = abba(untraced_one, lambda: two(traced=False), rounds)
+    import cupy as cp
+
+    raw_one, raw_two = raw_pipelines(cp, work, rounds)
     correct = all(
         float(o[0]) == 2 * i + 1 and float(o[-1]) == 2 * i + 1 for _, _, outs in work for i, o in enumerate(outs)
     )
@@ -192,7 +256,18 @@ def pipelines(gw, batches: int, batch_elems: int, rounds: int) -> dict:
         "one_gpu_traced_s": statistics.median(one_s),
         "two_gpus_traced_s": statistics.median(two_s),
         "one_gpu_untraced_s": statistics.median(untraced),
-        "samples": {"one_s": one_s, "two_s": two_s, "untraced_s": untraced},
+        "two_gpus_untraced_s": statistics.median(untraced_two),
+        "raw_cupy_one_gpu_s": statistics.median(raw_one),
+        "raw_cupy_two_gpus_s": statistics.median(raw_two),
+        "raw_cupy_ratio": statistics.median(raw_two) / statistics.median(raw_one),
+        "samples": {
+            "one_s": one_s,
+            "two_s": two_s,
+            "untraced_s": untraced,
+            "untraced_two_s": untraced_two,
+            "raw_one_s": raw_one,
+            "raw_two_s": raw_two,
+        },
         "cross_device": None if cross is None else cross.to_dict(),
         "correct": correct,
     }
@@ -239,8 +314,13 @@ def main() -> None:
             f"pipelines, {pl['batches']} batches of {pl['batch_bytes'] >> 20} MiB, traced, medians (target two <= "
             f"{PIPELINE_TARGET} x one): one GPU {pl['one_gpu_traced_s'] * 1e3:.1f} ms, two GPUs at once "
             f"{pl['two_gpus_traced_s'] * 1e3:.1f} ms, ratio {pl['ratio']:.3f} "
-            f"({'met' if pl['target_met'] else 'NOT met'}); one GPU untraced {pl['one_gpu_untraced_s'] * 1e3:.1f} ms; "
+            f"({'met' if pl['target_met'] else 'NOT met'}); untraced: one GPU {pl['one_gpu_untraced_s'] * 1e3:.1f} ms, "
+            f"two GPUs {pl['two_gpus_untraced_s'] * 1e3:.1f} ms; "
             f"correct {pl['correct']}"
+        )
+        print(
+            f"  the same pipeline in plain CuPy: one GPU {pl['raw_cupy_one_gpu_s'] * 1e3:.1f} ms, two GPUs at once "
+            f"{pl['raw_cupy_two_gpus_s'] * 1e3:.1f} ms, ratio {pl['raw_cupy_ratio']:.3f} (the host's bound)"
         )
         if pl["cross_device"]:
             cross = pl["cross_device"]

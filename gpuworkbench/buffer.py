@@ -15,6 +15,7 @@ from ._memory import as_dtype
 from .backends.base import BufferArg
 from .errors import BufferClosed, InvalidArgument, _fmt_bytes
 from .streams import Event, Stream
+from .trace import recorder
 from .trace.spans import PEER_ROUTES, peer_copy_name
 
 if TYPE_CHECKING:
@@ -169,21 +170,27 @@ class Buffer:
         return self._host_copy_async("d2h", host, stream, name)
 
     def _host_copy_async(self, kind: str, host: np.ndarray, stream: Stream, name: str | None) -> Event:
+        # The launch path of small copies: every check stays; the span's name and the pinned flag are worked out
+        # only when a trace or a capture will read them.
         handle = self._check()
         host = self._check_host(host, writable=kind == "d2h", asynchronous=True)
-        stream = self._stream(stream)
-        stream._check_open()
+        if stream is None or type(stream) is not Stream or stream.device is not self.device:
+            stream = self._stream(stream)
+        if stream.closed:
+            stream._check_open()
         backend = self.device._backend
         if kind == "h2d":
             fn, args = backend.copy_h2d, (handle, 0, host, stream._raw)
         else:
             fn, args = backend.copy_d2h, (host, handle, 0, stream._raw)
-        nbytes = self.size_bytes
-        pinned = self._pinned_flag(host)
-        completion = _dispatch.enqueue_call(
-            stream, kind, nbytes, name or _copy_name(kind, nbytes), pinned, fn, args, host
-        )  # the stream keeps ``host`` alive until the copy is done
-        self._touch(stream.id, completion)
+        if stream._capture is None and not recorder.ACTIVE:  # _dispatch.enqueue_call's quiet branch, inlined
+            completion = fn(*args, False)
+            stream._track(completion, host)  # the stream keeps ``host`` alive until the copy is done
+        else:
+            nbytes = self.size_bytes
+            name = name or _copy_name(kind, nbytes)
+            completion = _dispatch.enqueue_call(stream, kind, nbytes, name, self._pinned_flag(host), fn, args, host)
+        self._inflight[stream.id] = completion  # _touch, inlined
         return Event(completion, stream, host)
 
     def copy_from_host(self, host: np.ndarray) -> None:

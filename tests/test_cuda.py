@@ -133,7 +133,6 @@ def test_spans_against_ground_truth(dev, source, record_property):
     nbytes = 64 << 20
     hosts = [dev.empty_pinned(nbytes // 4, "float32") for _ in range(2)]
     bufs = [dev.alloc(nbytes // 4) for _ in range(2)]
-    s1, s2 = dev.create_stream("gt-1"), dev.create_stream("gt-2")
     # Bandwidth measured without the tracer: CUDA events around 10 back-to-back raw copies on a CuPy stream, from
     # each host buffer, so that each traced copy is compared with raw copies of the very same memory.
     import cupy as cp
@@ -143,14 +142,25 @@ def test_spans_against_ground_truth(dev, source, record_property):
     e0, e1 = cp.cuda.Event(), cp.cuda.Event()
     expected_ns = []
     for host in hosts:
-        for _ in range(2):
+        passes = []
+        for _ in range(4):  # the fastest pass: a neighbour's burst on the host slows a pass, never speeds it up
             e0.record(raw)
             for _ in range(10):
                 cp.cuda.runtime.memcpyAsync(dst.data.ptr, host.ctypes.data, nbytes, 1, raw.ptr)
             e1.record(raw)
             e1.synchronize()
-        expected_ns.append(cp.cuda.get_elapsed_time(e0, e1) * 1e6 / 10)
+            passes.append(cp.cuda.get_elapsed_time(e0, e1) * 1e6 / 10)
+        expected_ns.append(min(passes[1:]))
     del dst
+    try:
+        _check_ground_truth(dev, source, record_property, spin, hosts, bufs, expected_ns)
+    finally:
+        for buf in bufs:  # freed whatever the outcome: a leak here would fail every later test's leak check
+            buf.free()
+
+
+def _check_ground_truth(dev, source, record_property, spin, hosts, bufs, expected_ns):
+    s1, s2 = dev.create_stream("gt-1"), dev.create_stream("gt-2")
     spin(1, 1, (np.uint64(1000),), stream=s1).wait()  # warm
     try:
         t = gw.trace(source=source).start()
@@ -199,8 +209,6 @@ def test_spans_against_ground_truth(dev, source, record_property):
         assert max(solo_err) < 2_000, f"spin kernels must be within 2 µs of 80 µs: {solo_err}"
         assert copy_overlap <= 0, "two H2D copies share one copy engine and must not overlap"
         assert max(copy_err) < 0.05, f"copy durations must match bytes / bandwidth within 5 %: {copy_err}"
-    for buf in bufs:
-        buf.free()
 
 
 def test_a_staged_pageable_copy_is_one_whole_span_under_cupti(dev):

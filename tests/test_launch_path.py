@@ -4,6 +4,7 @@ and the stream's lock-free tracking keeping host arrays alive until their op is 
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import sys
 import threading
@@ -387,6 +388,37 @@ class _FakeRuntime:
         self.streams[stream_ptr].ops.append(("copy", nbytes))
 
 
+class _FakeDriver:
+    """cuLaunchKernel as the direct launcher calls it: reads the packed argument slots back from memory."""
+
+    def __init__(self, runtime: _FakeRuntime) -> None:
+        self.runtime = runtime
+        self.launches: list[tuple[int, tuple[int, ...], int]] = []  # (function, grid + block, kernelParams)
+
+    def launchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream_ptr, params, extra) -> None:  # noqa: N802
+        assert shared == 0 and extra == 0
+        self.runtime.streams[stream_ptr].ops.append("kernel")
+        self.launches.append((f, (gx, gy, gz, bx, by, bz), params))
+
+    @staticmethod
+    def slot(params: int, i: int, ctype: type) -> object:
+        """Argument ``i`` of a launch, read as ``ctype`` from where its kernelParams entry points."""
+        return ctype.from_address(ctypes.c_uint64.from_address(params + 8 * i).value).value
+
+
+class _FakeFunction:
+    """A compiled kernel: its pointer for the driver, and CuPy's call for what the driver path does not take."""
+
+    ptr = 0xF00
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, grid, block, args, stream) -> None:
+        self.calls.append(args)
+        stream.ops.append("kernel")
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch):
     runtime = _FakeRuntime()
@@ -396,7 +428,7 @@ def fake_cuda(monkeypatch):
         runtime.streams[s.ptr] = s
         return s
 
-    cuda = types.SimpleNamespace(runtime=runtime, Stream=make_stream, Event=_FakeEvent)
+    cuda = types.SimpleNamespace(runtime=runtime, Stream=make_stream, Event=_FakeEvent, driver=_FakeDriver(runtime))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
     from gpuworkbench.backends import cuda as backend
 
@@ -407,16 +439,14 @@ def fake_cuda(monkeypatch):
 def test_cuda_untimed_launch_records_no_event_until_asked(fake_cuda):
     backend, dev = fake_cuda
     s = dev.create_stream()
-    launched = []
-
-    def kernel(grid, block, args, stream):
-        launched.append(args)
-        stream.ops.append("kernel")
-
+    kernel, driver = _FakeFunction(), sys.modules["cupy"].cuda.driver
     ptr = dev.kernel_arg(BufferArg(0xABC, np.dtype("float32"), 1))
     assert type(ptr) is np.uint64 and ptr == 0xABC
     first = [dev.launch(kernel, (1,), (32,), [ptr, np.float32(2)], s, False) for _ in range(100)]
-    assert s.records == 0 and launched[0] == (ptr, np.float32(2))
+    assert s.records == 0 and not kernel.calls and len(driver.launches) == 100
+    f, dims, params = driver.launches[0]
+    assert f == 0xF00 and dims == (1, 1, 1, 32, 1, 1)
+    assert driver.slot(params, 0, ctypes.c_uint64) == 0xABC and driver.slot(params, 1, ctypes.c_float) == 2.0
     assert not first[0].done() and s.records == 1  # one event, after the 100th launch, covers all of them
     assert all(not c.done() for c in first) and s.records == 1
     s.finished = 100
@@ -432,6 +462,28 @@ def test_cuda_untimed_launch_records_no_event_until_asked(fake_cuda):
     unasked = dev.copy_d2h(np.zeros(4, np.float32), 0x10, 0, s, False)
     dev.destroy_stream(s)  # synchronizes the stream: what was never asked about needs no event now
     assert unasked.resolve() is DONE and s.records == 5
+
+
+def test_direct_launch_packs_each_scalar_type_into_its_slot(fake_cuda):
+    backend, dev = fake_cuda
+    s = dev.create_stream()
+    kernel, driver = _FakeFunction(), sys.modules["cupy"].cuda.driver
+    values = [np.int8(-3), np.bool_(True), np.float16(1.5), np.int32(-7), np.uint32(7), np.float64(0.25)]
+    values += [np.int64(-(1 << 40)), np.uint64(1 << 63)]
+    dev.launch(kernel, (2, 3), (4, 5, 6), values, s, False)
+    _, dims, params = driver.launches[-1]
+    assert dims == (2, 3, 1, 4, 5, 6)
+    ctypes_of = [ctypes.c_int8, ctypes.c_bool, ctypes.c_uint16, ctypes.c_int32, ctypes.c_uint32, ctypes.c_double]
+    ctypes_of += [ctypes.c_int64, ctypes.c_uint64]
+    got = [driver.slot(params, i, c) for i, c in enumerate(ctypes_of)]
+    assert got[:2] + got[3:] == [-3, True, -7, 7, 0.25, -(1 << 40), 1 << 63]
+    assert got[2] == int(np.float16(1.5).view(np.uint16))  # half-precision bits
+    assert not kernel.calls
+    # wider than a slot, or not a NumPy scalar: CuPy launches it, unchanged
+    for odd in ([np.complex128(1 + 2j)], [np.uint64(1), 3]):
+        dev.launch(kernel, (1,), (1,), odd, s, False)
+        assert kernel.calls[-1] == tuple(odd)
+    assert len(driver.launches) == 1
 
 
 def test_cuda_capture_freezes_markers(fake_cuda):

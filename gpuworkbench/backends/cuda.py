@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -38,9 +39,11 @@ from .base import (
     PeerRoute,
     PinnedArray,
     StreamMarks,
+    host_address,
     wrap_pinned,
 )
 from .cuda_events import _CudaCompletion, _cupy, _Epoch, _EventPool
+from .cuda_launch import DirectLauncher
 from .cuda_peers import _enable_peer, peer_links  # noqa: F401  (peer_links: the %gpu listing asks this module)
 
 CAPS = Caps(
@@ -95,6 +98,9 @@ class CudaDevice(BackendDevice):
         self._limits: KernelLimits | None = None
         self._peer_routes: dict[int, PeerRoute] = {}  # source device ordinal -> how copies from it travel
         self._marks: dict[int, StreamMarks] = {}  # stream pointer -> its untimed ops' on-demand completions
+        # launches through cuLaunchKernel where the arguments pack into slots (CUDA only: HIP goes through CuPy)
+        use = partial(self._rt.setDevice, self._id)
+        self._direct = None if self._rt.is_hip else DirectLauncher(cupy.cuda.driver, use)
         self.clock_sample()
 
     def _use(self) -> None:
@@ -279,22 +285,22 @@ class CudaDevice(BackendDevice):
     # ------------------------------------------------------------------ copies
     def copy_h2d(self, dst: int, offset: int, src: np.ndarray, stream: Any, timed: bool) -> _CudaCompletion:
         self._use()
-        start = self._begin(stream, timed)
+        start = self._begin(stream, timed) if timed else None
         nbytes = src.nbytes
         if nbytes >= _STAGE_MIN and not self.is_pinned(src):
             self._staged_h2d(dst + offset, src, stream)
         elif nbytes:
-            self._rt.memcpyAsync(dst + offset, src.ctypes.data, nbytes, _H2D, stream.ptr)
+            self._rt.memcpyAsync(dst + offset, host_address(src), nbytes, _H2D, stream.ptr)
         return self._finish(stream, start)
 
     def copy_d2h(self, dst: np.ndarray, src: int, offset: int, stream: Any, timed: bool) -> _CudaCompletion:
         self._use()
-        start = self._begin(stream, timed)
+        start = self._begin(stream, timed) if timed else None
         nbytes = dst.nbytes
         if nbytes >= _STAGE_MIN and not self.is_pinned(dst):
             self._staged_d2h(dst, src + offset, stream)
         elif nbytes:
-            self._rt.memcpyAsync(dst.ctypes.data, src + offset, nbytes, _D2H, stream.ptr)
+            self._rt.memcpyAsync(host_address(dst), src + offset, nbytes, _D2H, stream.ptr)
         return self._finish(stream, start)
 
     def copy_d2d(
@@ -434,9 +440,11 @@ class CudaDevice(BackendDevice):
         self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: Any, timed: bool
     ) -> _CudaCompletion:
         self._use()
-        values = tuple([np.uint64(a.handle) if type(a) is BufferArg else a for a in args])
+        values = [np.uint64(a.handle) if type(a) is BufferArg else a for a in args]
         start = self._begin(stream, timed) if timed else None
-        kernel(grid, block, values, stream=stream)
+        direct = self._direct
+        if direct is None or not direct.launch(kernel.ptr, grid, block, values, stream.ptr):
+            kernel(grid, block, tuple(values), stream=stream)
         return self._finish(stream, start)
 
     def kernel_arg(self, arg: BufferArg) -> np.uint64:
