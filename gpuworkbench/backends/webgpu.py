@@ -21,11 +21,8 @@ resolves from its own per-device poll thread (``queue.on_submitted_work_done`` i
 
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -33,7 +30,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import CompileError, InvalidArgument, OutOfMemory
-from .base import Backend, BackendDevice, BufferArg, Caps, ClockSample, DeviceInfo, KernelLimits
+from .base import Backend, BackendDevice, Caps, ClockSample, DeviceInfo, KernelLimits
+from .webgpu_adapters import _NATIVE, _describe, _wgpu
+from .webgpu_bindings import _bind_group
+from .webgpu_memory import _Alloc, _padded, _words
+from .webgpu_queue import _Completion, _Stream, _Submitter
 
 CAPS = Caps(
     concurrent_streams=False,
@@ -44,128 +45,6 @@ CAPS = Caps(
     kernel_language="wgsl",
     device_pointers=False,
 )
-_NATIVE = ("Vulkan", "Metal", "D3D12")  # WebGPU over OpenGL has no reliable compute: left out
-_GPU_TYPES = ("DiscreteGPU", "IntegratedGPU")
-
-
-def _wgpu() -> Any:
-    if not os.environ.get("XDG_RUNTIME_DIR"):
-        # Mesa's Vulkan loader warns into every cell's output without one; a private directory silences it.
-        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="gpuworkbench-xdg-")
-    import wgpu
-
-    return wgpu
-
-
-def _words(nbytes: int) -> int:
-    return (nbytes + 3) & ~3
-
-
-def _settled(promise: Any) -> bool:
-    # wgpu-py's promises have no public non-blocking "settled?"; its poll thread moves _state off "pending".
-    return promise._state != "pending"
-
-
-def _map_read(buffer: Any) -> Any:
-    """Start mapping ``buffer`` for reading; the promise settles once the submission that filled it is done."""
-    try:  # wgpu-py's plain READ first submits an empty command buffer (costly); our buffers were just written
-        return buffer.map_async("READ_NOSYNC")
-    except (ValueError, KeyError, TypeError):  # a wgpu-py without that mode
-        return buffer.map_async(_wgpu().MapMode.READ)
-
-
-class _Alloc:
-    """A device allocation: the GPUBuffer (whole words) and the bytes the caller asked for."""
-
-    __slots__ = ("buffer", "nbytes")
-
-    def __init__(self, buffer: Any, nbytes: int) -> None:
-        self.buffer, self.nbytes = buffer, nbytes
-
-
-class _Fence:
-    """Two timestamp queries and a 16-byte read-back; mapping the read-back completes when its submission has."""
-
-    def __init__(self, dev: Any, timestamps: bool) -> None:
-        usage = _wgpu().BufferUsage
-        self.queries = dev.create_query_set(type="timestamp", count=2) if timestamps else None
-        self.resolved = dev.create_buffer(size=16, usage=usage.QUERY_RESOLVE | usage.COPY_SRC)
-        self.readback = dev.create_buffer(size=16, usage=usage.MAP_READ | usage.COPY_DST)
-
-
-class _Completion:
-    """One submission: done once its map promises settle; then read-back data and timestamps are collected."""
-
-    def __init__(self, owner: WebGPUDevice, stream: _Stream, fence: _Fence, timed: bool, staging: Any, dst: Any,
-                 skip: int) -> None:  # fmt: skip
-        self._owner, self._stream, self._fence, self._timed = owner, stream, fence, timed
-        self._staging, self._dst, self._skip = staging, dst, skip
-        self._promises = [_map_read(b) for b in (fence.readback, staging) if b is not None]
-        self._submitted = time.perf_counter_ns()
-        self._times: tuple[int, int] | None = None
-        self._finished = False
-        self.error: BaseException | None = None
-
-    def settled(self) -> bool:
-        return all(_settled(p) for p in self._promises)
-
-    def done(self) -> bool:
-        if not self._finished and self.settled():
-            self._stream.collect(self, block=False)
-        return self._finished
-
-    def wait(self) -> None:
-        self._stream.collect(self, block=True)
-
-    def times_ns(self) -> tuple[int, int] | None:
-        return self._times if self._finished else None
-
-    def _finish(self) -> None:
-        """Copy read-back data to the host, read the timestamps, return the fence; called in stream order."""
-        fence = self._fence
-        try:
-            for promise in self._promises:
-                promise.sync_wait()  # returns at once when settled
-            if self._staging is not None:
-                data = np.frombuffer(self._staging.read_mapped(copy=False), np.uint8)
-                self._dst.reshape(-1).view(np.uint8)[:] = data[self._skip : self._skip + self._dst.nbytes]
-            if self._timed and fence.queries is not None:
-                start, end = (int(t) for t in np.frombuffer(fence.readback.read_mapped(), np.uint64))
-                self._times = int(start * self._owner._period), int(end * self._owner._period)
-            elif self._timed:  # no timestamp-query feature: from submission to first sight of completion, host clock
-                self._times = self._submitted, time.perf_counter_ns()
-            fence.readback.unmap()
-            self._owner._fences.append(fence)
-        except Exception as exc:  # noqa: BLE001 - a failed map is the op's failure, reported by the front end
-            self.error = exc
-        finally:
-            if self._staging is not None:
-                self._staging.destroy()
-            self._finished, self._dst = True, None
-
-
-class _Stream:
-    """A stream: its submissions to the device's one queue, collected strictly in order.
-
-    Collecting op k also collects every earlier op of the stream (the queue ran them first), so a host array filled
-    by an earlier read-back is ready whenever a later op on the stream reports done, as on every other backend."""
-
-    def __init__(self) -> None:
-        self.pending: deque[_Completion] = deque()
-        self._lock = threading.Lock()
-
-    def collect(self, upto: _Completion | None, block: bool) -> None:
-        """Finish ops in order through ``upto`` (all when None); without ``block``, stop at one not yet settled."""
-        if not self._lock.acquire(blocking=block):
-            return  # another thread is collecting this stream; done() answers "not yet" rather than wait
-        try:
-            while self.pending and not (upto is not None and upto._finished):
-                if not block and not self.pending[0].settled():
-                    return
-                self.pending[0]._finish()
-                self.pending.popleft()
-        finally:
-            self._lock.release()
 
 
 class WebGPUDevice(BackendDevice):
@@ -183,12 +62,12 @@ class WebGPUDevice(BackendDevice):
         self._in_encoders = "timestamp-query-inside-encoders" in wanted
         self.info = info
         self.caps = CAPS if self._timestamps else replace(CAPS, timestamps="perf_counter")
-        self._period = _timestamp_period(self._queue)
         self._max_buffer, self._max_binding = (int(self._dev.limits[k]) for k in limit_names)
         self._max_groups = int(self._dev.limits["max-compute-workgroups-per-dimension"])
-        self._fences: list[_Fence] = []
         self._held = 0
         self._lock = threading.Lock()  # guards _held and keeps each op's submissions together
+        self._submitter = _Submitter(self._dev, self._timestamps, self._in_encoders, self._lock)
+        self._submit = self._submitter.submit
         self._scratch = self._dev.create_buffer(size=16, usage=wgpu.BufferUsage.COPY_DST)
         self._clock_stream = _Stream()
 
@@ -232,61 +111,12 @@ class WebGPUDevice(BackendDevice):
     def destroy_stream(self, stream: _Stream) -> None:
         self.synchronize_stream(stream)
 
-    # ------------------------------------------------------------------ submission
-    def _stamp(self, encoder: Any, fence: _Fence, index: int) -> None:
-        if self._in_encoders:
-            from wgpu.backends.wgpu_native.extras import write_timestamp
-
-            write_timestamp(encoder, fence.queries, index)
-        else:  # an empty compute pass writes the timestamp instead
-            encoder.begin_compute_pass(
-                timestamp_writes={"query_set": fence.queries, "beginning_of_pass_write_index": index}
-            ).end()
-
-    def _submit(
-        self, stream: _Stream, encode: Any, timed: bool, *, kernel: bool = False, before: Any = None,
-        staging: Any = None, dst: Any = None, skip: int = 0,
-    ) -> _Completion:  # fmt: skip
-        """Submit ``encode(encoder, timestamp_writes)`` (after ``before()``, a queue write) bracketed by timestamps."""
-        stream.collect(None, block=False)
-        stamps = timed and self._timestamps
-        with self._lock:
-            fence = self._fences.pop() if self._fences else _Fence(self._dev, self._timestamps)
-            if stamps and before is not None:  # queue writes run at the start of the next submit: stamp before it
-                encoder = self._dev.create_command_encoder()
-                self._stamp(encoder, fence, 0)
-                self._queue.submit([encoder.finish()])
-            if before is not None:
-                before()
-            encoder = self._dev.create_command_encoder()
-            if stamps and before is None and not kernel:
-                self._stamp(encoder, fence, 0)
-            pass_stamps = {"query_set": fence.queries, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
-            encode(encoder, pass_stamps if stamps and kernel else None)
-            if stamps and not kernel:
-                self._stamp(encoder, fence, 1)
-            if stamps:
-                encoder.resolve_query_set(fence.queries, 0, 2, fence.resolved, 0)
-            encoder.copy_buffer_to_buffer(fence.resolved, 0, fence.readback, 0, 16)
-            self._queue.submit([encoder.finish()])
-            completion = _Completion(self, stream, fence, timed, staging, dst, skip)
-            stream.pending.append(completion)
-        return completion
-
-    def _padded(self, alloc: _Alloc, offset: int, nbytes: int, what: str) -> int:
-        """The word-rounded size of a write of ``nbytes`` at ``offset``; InvalidArgument where it would spill."""
-        if offset % 4 or (nbytes % 4 and offset + nbytes != alloc.nbytes):
-            raise InvalidArgument(
-                f"webgpu {what}: WebGPU moves whole 4-byte words; {nbytes} B at offset {offset} into a "
-                f"{alloc.nbytes} B buffer must start on a word and end on one or at the buffer's end"
-            )
-        return _words(nbytes)
-
+    # ------------------------------------------------------------------ copies
     def copy_h2d(self, dst: _Alloc, offset: int, src: np.ndarray, stream: _Stream, timed: bool) -> _Completion:
         if src.nbytes == 0:
             return self.record(stream)
         data = src.reshape(-1).view(np.uint8)
-        size = self._padded(dst, offset, data.nbytes, "copy from host")
+        size = _padded(dst, offset, data.nbytes, "copy from host")
         if size != data.nbytes:
             data = np.concatenate([data, np.zeros(size - data.nbytes, np.uint8)])
         write = lambda: self._queue.write_buffer(dst.buffer, offset, data)  # noqa: E731 - staged now, copied on submit
@@ -306,7 +136,7 @@ class WebGPUDevice(BackendDevice):
     ) -> _Completion:
         if nbytes == 0:
             return self.record(stream)
-        size = self._padded(dst, dst_offset, nbytes, "device copy")
+        size = _padded(dst, dst_offset, nbytes, "device copy")
         if src_offset % 4:
             raise InvalidArgument(f"webgpu device copy: source offset {src_offset} is not a multiple of 4 bytes")
         copy = lambda encoder, _: encoder.copy_buffer_to_buffer(src.buffer, src_offset, dst.buffer, dst_offset, size)  # noqa: E731
@@ -315,7 +145,7 @@ class WebGPUDevice(BackendDevice):
     def fill(self, dst: _Alloc, nbytes: int, byte: int, stream: _Stream, timed: bool) -> _Completion:
         if nbytes == 0:
             return self.record(stream)
-        size = self._padded(dst, 0, nbytes, "fill")
+        size = _padded(dst, 0, nbytes, "fill")
         if byte == 0:
             return self._submit(stream, lambda encoder, _: encoder.clear_buffer(dst.buffer, 0, size), timed)
         data = np.full(size, byte, np.uint8)  # WebGPU clears to zero only: other bytes are written from the host
@@ -326,7 +156,7 @@ class WebGPUDevice(BackendDevice):
         return self._submit(stream, lambda encoder, _: None, False)
 
     def wait_event(self, stream: _Stream, completion: Any) -> None:
-        if not isinstance(completion, _Completion) or completion._owner is not self:
+        if not isinstance(completion, _Completion) or completion._owner is not self._submitter:
             completion.wait()  # another device's op: only the host can wait for it
         # Otherwise nothing to do: the one queue runs submissions in order, so earlier work is already ahead.
 
@@ -351,36 +181,10 @@ class WebGPUDevice(BackendDevice):
         self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: _Stream,
         timed: bool,
     ) -> _Completion:  # fmt: skip
-        wgpu = _wgpu()
         name = kernel.label or "kernel"
         if any(g > self._max_groups for g in grid):
             raise InvalidArgument(f"kernel {name!r}: grid {grid} exceeds {self._max_groups} workgroups per dimension")
-        buffers = [a for a in args if isinstance(a, BufferArg)]
-        entries = []
-        for i, a in enumerate(buffers):
-            if a.handle is None or a.handle.buffer.size > self._max_binding:
-                why = "is empty" if a.handle is None else f"is larger than one binding may be ({self._max_binding} B)"
-                raise InvalidArgument(f"kernel {name!r}: buffer argument {i} {why}")
-            entries.append(
-                {"binding": i, "resource": {"buffer": a.handle.buffer, "offset": 0, "size": a.handle.buffer.size}}
-            )
-        scalars = [np.asarray(a) for a in args if not isinstance(a, BufferArg)]
-        if scalars:
-            for a in scalars:
-                if a.dtype.itemsize != 4 or a.dtype.kind not in "fiu":
-                    raise InvalidArgument(f"kernel {name!r}: scalar {a} is {a.dtype}; WGSL scalars are f32, i32 or u32")
-            packed = b"".join(a.tobytes() for a in scalars)
-            packed += bytes(-len(packed) % 16)
-            uniform = self._dev.create_buffer_with_data(data=packed, usage=wgpu.BufferUsage.UNIFORM)
-            entries.append({"binding": len(buffers), "resource": {"buffer": uniform, "offset": 0, "size": len(packed)}})
-        try:
-            group = (
-                self._dev.create_bind_group(layout=kernel.get_bind_group_layout(0), entries=entries)
-                if entries
-                else None
-            )
-        except wgpu.GPUError as exc:
-            raise InvalidArgument(f"kernel {name!r}: arguments do not fit its bindings ({exc})") from None
+        group = _bind_group(self._dev, kernel, name, args, self._max_binding)
 
         def encode(encoder: Any, stamps: Any) -> None:
             compute = encoder.begin_compute_pass(timestamp_writes=stamps)
@@ -424,16 +228,6 @@ class WebGPUDevice(BackendDevice):
         self._dev.destroy()
 
 
-def _timestamp_period(queue: Any) -> float:
-    """Nanoseconds per timestamp tick; wgpu-py does not expose it, so ask wgpu-native (1.0 where that fails)."""
-    try:
-        from wgpu.backends.wgpu_native._api import libf
-
-        return float(libf.wgpuQueueGetTimestampPeriod(queue._internal)) or 1.0
-    except Exception:  # noqa: BLE001 - another wgpu-py backend or version: WebGPU's own unit is the nanosecond
-        return 1.0
-
-
 class WebGPUBackend(Backend):
     """Every Vulkan, Metal and D3D12 adapter wgpu finds."""
 
@@ -471,13 +265,3 @@ class WebGPUBackend(Backend):
         if not 0 <= index < len(found):
             raise InvalidArgument(f"WebGPU has {len(found)} adapters; index {index} does not exist")
         return WebGPUDevice(*found[index])
-
-
-def _describe(index: int, adapter: Any) -> DeviceInfo:
-    info = adapter.info
-    name = f"{info['device']} ({info['adapter_type']}) via {info['backend_type']}"
-    if info.get("description"):
-        name += f", {info['description']}"
-    detail = "timestamp-query" if "timestamp-query" in adapter.features else "no timestamp-query"
-    total = int(adapter.limits["max-buffer-size"])
-    return DeviceInfo("webgpu", index, name, info["adapter_type"] in _GPU_TYPES, total, detail)
