@@ -4,11 +4,12 @@
 
 On CUDA every figure has raw CuPy beside it, in ABBA-interleaved rounds of the same process (the order of the
 variants flips every round, so drift of the host hits both alike): an empty ``cupy.RawKernel`` against a gw ``Kernel``
-untraced and traced (a fresh ``gw.trace()`` per round, 200 warm-up launches before its timing starts), a
+untraced and traced (a fresh ``gw.trace()`` per round, 200 warm-up launches before its timing starts), the same
+with a second, int32 argument that changes every launch (no launch then repeats an earlier one's objects), a
 ``cupy.ElementwiseKernel`` against the same ``gw.elementwise``, and CuPy's ``ndarray.set`` / ``ndarray.get`` of 4 KiB
 from / into pinned memory against ``copy_from_host_async`` / ``copy_to_host_async``. A round is ``count`` ops then one
 synchronize; a figure is the median over rounds of (round time / count), and a ratio the median of the rounds'
-ratios. Targets (the issue "a launch path as fast as CuPy's"): Kernel ≤ 1.25 × RawKernel, elementwise ≤ 1.25 ×
+ratios. Targets: Kernel ≤ 1.25 × RawKernel, elementwise ≤ 1.25 ×
 ElementwiseKernel, copies ≤ 1.25 × set/get, traced ≤ 1.2 × untraced.
 
 On the CPU and OpenCL backends only the workbench's own figures: the host time to enqueue (the loop before the
@@ -31,11 +32,13 @@ import gpuworkbench as gw
 
 EMPTY = {
     "cuda": 'extern "C" __global__ void empty(float* x) {}',
+    "cuda_scalar": 'extern "C" __global__ void empty_n(float* x, int n) {}',
     "opencl": "__kernel void empty(__global float* x) {}",
 }
 COPY_ELEMENTS = 1024  # 4 KiB of float32
 ELEMENTWISE_N = 1024
-TARGETS = {"kernel": 1.25, "elementwise": 1.25, "h2d": 1.25, "d2h": 1.25, "traced": 1.2, "cpu_enqueue_us": 10.0}
+TARGETS = {"kernel": 1.25, "kernel_scalar": 1.25, "elementwise": 1.25, "h2d": 1.25, "d2h": 1.25, "traced": 1.2}
+TARGETS["cpu_enqueue_us"] = 10.0
 
 
 def _empty_cpu(x: np.ndarray) -> None:
@@ -103,6 +106,18 @@ def bench_cuda(dev: gw.Device, rounds: int, count: int) -> dict[str, Any]:
     def gw_kernel() -> None:
         k(1, 32, (b,), stream=s)
 
+    # a scalar argument that changes every launch (a loop index): no launch repeats an earlier one's objects
+    raw_n = cp.RawKernel(EMPTY["cuda_scalar"], "empty_n")
+    k_n = dev.compile(EMPTY["cuda_scalar"], "empty_n")
+    counter = iter(range(1 << 62))
+
+    def raw_kernel_scalar() -> None:
+        with raw_stream:
+            raw_n((1,), (32,), (arr, np.int32(next(counter) & 0xFFFF)))
+
+    def gw_kernel_scalar() -> None:
+        k_n(1, 32, (b, np.int32(next(counter) & 0xFFFF)), stream=s)
+
     # elementwise: cupy.ElementwiseKernel / gw.elementwise, y = x + 1 over ELEMENTWISE_N float32
     cp_ew = cp.ElementwiseKernel("float32 x", "float32 y", "y = x + 1", "gw_bench_add1")
     cx, cy = cp.zeros(ELEMENTWISE_N, cp.float32), cp.zeros(ELEMENTWISE_N, cp.float32)
@@ -144,7 +159,8 @@ def bench_cuda(dev: gw.Device, rounds: int, count: int) -> dict[str, Any]:
         gw_buf.copy_to_host_async(gw_pinned, s)
 
     raw_sync, gw_sync = raw_stream.synchronize, s.synchronize
-    for fn, sync in ((raw_kernel, raw_sync), (gw_kernel, gw_sync), (raw_ew, raw_sync), (gw_elementwise, gw_sync)):
+    warm = ((raw_kernel, raw_sync), (gw_kernel, gw_sync), (raw_kernel_scalar, raw_sync), (gw_kernel_scalar, gw_sync))
+    for fn, sync in (*warm, (raw_ew, raw_sync), (gw_elementwise, gw_sync)):
         timed_round(fn, sync, 500)  # compile, warm caches and pools
     for fn, sync in ((raw_h2d, raw_sync), (gw_h2d, gw_sync), (raw_d2h, raw_sync), (gw_d2h, gw_sync)):
         timed_round(fn, sync, 500)
@@ -158,6 +174,7 @@ def bench_cuda(dev: gw.Device, rounds: int, count: int) -> dict[str, Any]:
             "gw": per_op(gw_kernel, gw_sync),
             "gw_traced": lambda: traced_loop(gw_kernel, gw_sync, count),
         },
+        "kernel_scalar": {"cupy": per_op(raw_kernel_scalar, raw_sync), "gw": per_op(gw_kernel_scalar, gw_sync)},
         "elementwise": {"cupy": per_op(raw_ew, raw_sync), "gw": per_op(gw_elementwise, gw_sync)},
         "h2d": {"cupy": per_op(raw_h2d, raw_sync), "gw": per_op(gw_h2d, gw_sync)},
         "d2h": {"cupy": per_op(raw_d2h, raw_sync), "gw": per_op(gw_d2h, gw_sync)},

@@ -28,6 +28,8 @@ class Buffer:
     ``shape`` says how the elements are read as an array (``(n,)`` unless allocated with a shape or given one); it
     changes no byte: ``copy_to_host()`` returns that shape, and kernel libraries read it (``gw.library``)."""
 
+    frees = 0  # buffers freed in this process, any device: a change invalidates Kernel's prepared launches
+
     def __init__(self, device: Device, n: int, dtype: np.dtype, handle: Any) -> None:
         self.device, self._len, self.dtype, self._handle = device, n, dtype, handle
         self._shape: tuple[int, ...] = (n,)
@@ -299,6 +301,7 @@ class Buffer:
         start = time.perf_counter_ns()
         self.device._backend.free(self._handle)
         self._freed, self._handle, self._karg = True, None, None
+        Buffer.frees += 1  # after _freed: Kernel's prepared launches are checked against it
         self.device._memory.freed(self.size_bytes, start)
 
     def __enter__(self) -> Buffer:

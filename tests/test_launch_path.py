@@ -90,6 +90,64 @@ def test_buffer_on_another_device_after_cached_launches(cpu, opencl):
             b.free()
 
 
+# ------------------------------------------------------------------ repeated launches: prepared once, checked by id
+def _write_scalar(out: np.ndarray, n: np.generic) -> None:
+    out[...] = n
+
+
+def test_a_repeated_launch_is_prepared_and_sees_every_change(cpu):
+    k = cpu.compile(_write_scalar, "write_scalar")
+    a, b = cpu.alloc(1, "float32"), cpu.alloc(1, "float32")
+    s = cpu.create_stream("repeat")
+    three, four = np.float32(3), np.float32(4)
+    try:
+        for _ in range(3):
+            k(1, 1, (a, three), stream=s)
+        assert len(k._repeats) == 1  # the second launch of the same objects prepared it
+        k(1, 1, (a, three), stream=s).wait()
+        assert a.copy_to_host()[0] == 3
+        k(1, 1, (a, four), stream=s)  # another scalar object: not the prepared launch
+        k(1, 1, (b, three), stream=s).wait()  # another buffer
+        assert a.copy_to_host()[0] == 4 and b.copy_to_host()[0] == 3
+        for i in range(300):  # a fresh scalar every launch, ids reused by the allocator: each value lands
+            k(1, 1, (a, np.float32(i)), stream=s)
+        s.synchronize()
+        assert a.copy_to_host()[0] == 299
+        grid = [1]
+        for _ in range(3):
+            k(grid, 1, (a, three), stream=s)
+        grid[0] = 0  # changed in place under the same id: checked again, refused
+        with pytest.raises(gw.InvalidArgument, match="1 to 3 positive ints"):
+            k(grid, 1, (a, three), stream=s)
+        b.free()
+        with pytest.raises(gw.BufferClosed):
+            k(1, 1, (b, three), stream=s)  # a prepared launch of a freed buffer is not repeated
+        with gw.trace() as t:  # a trace sees every launch, repeats included
+            for _ in range(3):
+                k(1, 1, (a, three), stream=s)
+            s.synchronize()
+        assert sum(1 for sp in t.spans if sp.kind == "kernel") == 3
+        s.close()
+        with pytest.raises(gw.InvalidArgument, match="closed"):
+            k(1, 1, (a, three), stream=s)
+    finally:
+        a.free()
+        b.free()
+
+
+def test_a_repeated_launch_keeps_no_buffer_alive(cpu):
+    k = cpu.compile(_write_scalar, "write_scalar")
+    one = np.float32(1)
+    x = cpu.alloc(1, "float32")
+    for _ in range(3):
+        k(1, 1, (x, one)).wait()
+    assert k._repeats
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is None and cpu.held_bytes == 0  # freed by its finaliser, as without the repeat
+
+
 # ------------------------------------------------------------------ elementwise: launch plans per signature
 def test_elementwise_plan_per_length_and_mask(device):
     f = gw.elementwise("float32 x, float32 a, float32 y", "y = a * x + 1", name="plans")
@@ -439,14 +497,11 @@ def fake_cuda(monkeypatch):
 def test_cuda_untimed_launch_records_no_event_until_asked(fake_cuda):
     backend, dev = fake_cuda
     s = dev.create_stream()
-    kernel, driver = _FakeFunction(), sys.modules["cupy"].cuda.driver
+    kernel = _FakeFunction()
     ptr = dev.kernel_arg(BufferArg(0xABC, np.dtype("float32"), 1))
     assert type(ptr) is np.uint64 and ptr == 0xABC
     first = [dev.launch(kernel, (1,), (32,), [ptr, np.float32(2)], s, False) for _ in range(100)]
-    assert s.records == 0 and not kernel.calls and len(driver.launches) == 100
-    f, dims, params = driver.launches[0]
-    assert f == 0xF00 and dims == (1, 1, 1, 32, 1, 1)
-    assert driver.slot(params, 0, ctypes.c_uint64) == 0xABC and driver.slot(params, 1, ctypes.c_float) == 2.0
+    assert s.records == 0 and kernel.calls[0] == (ptr, np.float32(2))
     assert not first[0].done() and s.records == 1  # one event, after the 100th launch, covers all of them
     assert all(not c.done() for c in first) and s.records == 1
     s.finished = 100
@@ -464,26 +519,29 @@ def test_cuda_untimed_launch_records_no_event_until_asked(fake_cuda):
     assert unasked.resolve() is DONE and s.records == 5
 
 
-def test_direct_launch_packs_each_scalar_type_into_its_slot(fake_cuda):
+def test_a_prepared_launch_packs_each_scalar_type_into_its_slot(fake_cuda):
     backend, dev = fake_cuda
     s = dev.create_stream()
     kernel, driver = _FakeFunction(), sys.modules["cupy"].cuda.driver
     values = [np.int8(-3), np.bool_(True), np.float16(1.5), np.int32(-7), np.uint32(7), np.float64(0.25)]
     values += [np.int64(-(1 << 40)), np.uint64(1 << 63)]
-    dev.launch(kernel, (2, 3), (4, 5, 6), values, s, False)
-    _, dims, params = driver.launches[-1]
-    assert dims == (2, 3, 1, 4, 5, 6)
+    prepared = dev.prepare_launch(kernel, (2, 3), (4, 5, 6), values)
+    values[0] = np.int8(100)  # packed when prepared: later changes to the list do not reach it
+    first = [dev.launch_prepared(prepared, s) for _ in range(10)]
+    assert len(driver.launches) == 10 and not kernel.calls and s.ops == ["kernel"] * 10
+    assert s.records == 0 and not first[-1].done() and s.records == 1  # lazy completions, as launch's
+    f, dims, params = driver.launches[-1]
+    assert f == 0xF00 and dims == (2, 3, 1, 4, 5, 6)
     ctypes_of = [ctypes.c_int8, ctypes.c_bool, ctypes.c_uint16, ctypes.c_int32, ctypes.c_uint32, ctypes.c_double]
     ctypes_of += [ctypes.c_int64, ctypes.c_uint64]
     got = [driver.slot(params, i, c) for i, c in enumerate(ctypes_of)]
     assert got[:2] + got[3:] == [-3, True, -7, 7, 0.25, -(1 << 40), 1 << 63]
     assert got[2] == int(np.float16(1.5).view(np.uint16))  # half-precision bits
-    assert not kernel.calls
-    # wider than a slot, or not a NumPy scalar: CuPy launches it, unchanged
+    # wider than a slot, or not a NumPy scalar: prepared as launch's own arguments, CuPy launches them
     for odd in ([np.complex128(1 + 2j)], [np.uint64(1), 3]):
-        dev.launch(kernel, (1,), (1,), odd, s, False)
+        dev.launch_prepared(dev.prepare_launch(kernel, (1,), (1,), odd), s)
         assert kernel.calls[-1] == tuple(odd)
-    assert len(driver.launches) == 1
+    assert len(driver.launches) == 10
 
 
 def test_cuda_capture_freezes_markers(fake_cuda):

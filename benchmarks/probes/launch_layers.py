@@ -70,6 +70,7 @@ def main() -> None:
     values = (ptr,)
     bk, bs = k._raw, s._raw
     func = raw.kernel
+    prepared = backend.prepare_launch(bk, (1,), (32,), [ptr])
     params = np.array([int(ptr)], dtype=np.uint64)
     param_ptrs = np.array([params.ctypes.data], dtype=np.uint64)
     pp = int(param_ptrs.ctypes.data)
@@ -87,6 +88,7 @@ def main() -> None:
             func.ptr, 1, 1, 1, 32, 1, 1, 0, raw_stream.ptr, pp, 0
         ),
         "gw backend.launch": lambda: backend.launch(bk, (1,), (32,), values, bs, False),
+        "gw backend.launch_prepared": lambda: backend.launch_prepared(prepared, bs),
         "gw Kernel": lambda: k(1, 32, (b,), stream=s),
     }
     rs, gs = raw_stream.synchronize, s.synchronize

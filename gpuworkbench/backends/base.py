@@ -287,6 +287,16 @@ class BackendDevice(ABC):
     ) -> Completion:
         """Enqueue a kernel; ``args`` holds BufferArg (or what ``kernel_arg`` made of one) and NumPy scalars."""
 
+    def prepare_launch(self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any]) -> Any:
+        """A launch checked and converted once, which ``launch_prepared`` enqueues untimed as often as asked: the
+        front end repeats launches through it. Here, the arguments of ``launch`` as they are."""
+        return (kernel, grid, block, args)
+
+    def launch_prepared(self, prepared: Any, stream: Any) -> Completion:
+        """Enqueue a launch from ``prepare_launch`` on ``stream``, untimed (traced launches go through ``launch``)."""
+        kernel, grid, block, args = prepared
+        return self.launch(kernel, grid, block, args, stream, False)
+
     def kernel_arg(self, arg: BufferArg) -> Any:
         """What ``launch`` takes for a buffer, made once per buffer by the front end (launch still takes BufferArg)."""
         return arg

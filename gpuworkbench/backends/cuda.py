@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,7 +42,7 @@ from .base import (
     wrap_pinned,
 )
 from .cuda_events import _CudaCompletion, _cupy, _Epoch, _EventPool
-from .cuda_launch import DirectLauncher
+from .cuda_launch import CONTEXT_ERROR, PreparedLaunch, prepare
 from .cuda_peers import _enable_peer, peer_links  # noqa: F401  (peer_links: the %gpu listing asks this module)
 
 CAPS = Caps(
@@ -98,9 +97,8 @@ class CudaDevice(BackendDevice):
         self._limits: KernelLimits | None = None
         self._peer_routes: dict[int, PeerRoute] = {}  # source device ordinal -> how copies from it travel
         self._marks: dict[int, StreamMarks] = {}  # stream pointer -> its untimed ops' on-demand completions
-        # launches through cuLaunchKernel where the arguments pack into slots (CUDA only: HIP goes through CuPy)
-        use = partial(self._rt.setDevice, self._id)
-        self._direct = None if self._rt.is_hip else DirectLauncher(cupy.cuda.driver, use)
+        # repeated launches go straight to cuLaunchKernel (CUDA only: HIP launches through CuPy)
+        self._driver = None if self._rt.is_hip else cupy.cuda.driver
         self.clock_sample()
 
     def _use(self) -> None:
@@ -440,12 +438,33 @@ class CudaDevice(BackendDevice):
         self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: Any, timed: bool
     ) -> _CudaCompletion:
         self._use()
-        values = [np.uint64(a.handle) if type(a) is BufferArg else a for a in args]
+        values = tuple([np.uint64(a.handle) if type(a) is BufferArg else a for a in args])
         start = self._begin(stream, timed) if timed else None
-        direct = self._direct
-        if direct is None or not direct.launch(kernel.ptr, grid, block, values, stream.ptr):
-            kernel(grid, block, tuple(values), stream=stream)
+        kernel(grid, block, values, stream=stream)
         return self._finish(stream, start)
+
+    def prepare_launch(self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any]) -> Any:
+        if self._driver is not None and not self._capturing:
+            prepared = prepare(kernel.ptr, grid, block, args)
+            if prepared is not None:
+                return prepared
+        return super().prepare_launch(kernel, grid, block, args)
+
+    def launch_prepared(self, prepared: Any, stream: Any) -> Any:
+        if type(prepared) is not PreparedLaunch:
+            return super().launch_prepared(prepared, stream)
+        self._use()
+        try:
+            self._driver.launchKernel(*prepared.head, stream.ptr, prepared.params, 0)
+        except self._driver.CUDADriverError as exc:
+            if exc.status != CONTEXT_ERROR:
+                raise
+            self._rt.setDevice(self._id)  # a thread whose first CUDA call this is: make the context current
+            self._driver.launchKernel(*prepared.head, stream.ptr, prepared.params, 0)
+        if self._capturing and stream.ptr in self._capturing:
+            return _IN_GRAPH
+        marks = self._marks.get(stream.ptr)
+        return marks.enqueued() if marks is not None else self._mark(stream)
 
     def kernel_arg(self, arg: BufferArg) -> np.uint64:
         """A buffer as a kernel argument: its device pointer (made once per buffer)."""

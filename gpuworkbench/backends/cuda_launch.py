@@ -1,29 +1,27 @@
-"""Kernel launches straight through ``cuLaunchKernel``: the arguments packed by ``struct`` into a per-thread block
-of 8-byte slots whose addresses never change, so a launch is one ``pack_into`` and one driver call.
+"""Prepared kernel launches: the arguments packed once into a block whose address ``cuLaunchKernel`` takes, so that
+repeating the launch is one driver call with no per-argument work.
 
-CuPy's ``Function.__call__`` builds a pointer object per argument on every launch; this path costs about 1.3 µs
-less per launch on an H200 host (benchmarks/probes/launch_layers.py). Arguments it cannot pack (wider than 8 bytes,
-or not NumPy scalars) go through CuPy as before. The driver copies the parameters during the call, so the slots
-may be reused at once; they are per thread because the call releases the GIL. ``cuLaunchKernel`` needs the
-device's context current on the calling thread, which ``cudaGetDevice`` alone does not ensure in a thread that
-never called ``cudaSetDevice``: the first launch of each thread sets the device.
+CuPy's ``Function.__call__`` builds a pointer object per argument on every launch (about 1.1 µs of an empty
+kernel's 4.3 µs on an H200 host: benchmarks/probes/launch_layers.py). The front end repeats a launch whose grid,
+block, stream and argument objects are those of an earlier one (``Kernel.__call__``); a prepared block is never
+written again, so threads may share it. Arguments that do not fit an 8-byte slot, or are not NumPy scalars, are not
+prepared: CuPy launches them as before.
 """
 
 from __future__ import annotations
 
 import struct
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-SLOTS = 64  # the most arguments a packed launch takes (more go through CuPy)
+CONTEXT_ERROR = 201  # CUDA_ERROR_INVALID_CONTEXT: this thread has no current context yet
 _CODES = {"?": "?", "b": "b", "B": "B", "h": "h", "H": "H", "i": "i", "I": "I", "l": "q", "L": "Q", "q": "q"}
 _CODES.update({"Q": "Q", "e": "e", "f": "f", "d": "d"})
 
 
-def _slot_format(types: tuple[type, ...]) -> str | None:
+def slot_format(types: Sequence[type]) -> str | None:
     """The ``struct`` format that puts each argument of these NumPy scalar types at the start of its own 8-byte slot
     (little-endian, the hosts CUDA runs on), or None where one does not fit a slot."""
     parts = ["<"]
@@ -38,38 +36,26 @@ def _slot_format(types: tuple[type, ...]) -> str | None:
     return "".join(parts)
 
 
-class DirectLauncher:
-    """Packs and launches; ``launch`` returns False (having done nothing) where CuPy must launch instead."""
+class PreparedLaunch:
+    """``cuLaunchKernel``'s arguments but the stream: ``head`` (function, grid, block, shared bytes) and the address
+    of the kernelParams array, which points into ``slots``."""
 
-    def __init__(self, driver: Any, set_device: Any) -> None:
-        self._launch = driver.launchKernel
-        self._set_device = set_device  # makes the device's primary context current on this thread
-        self._formats: dict[tuple[type, ...], struct.Struct | None] = {}
-        self._local = threading.local()
+    __slots__ = ("head", "params", "_keep")
 
-    def _slots(self) -> tuple[memoryview, int]:
-        self._set_device()
-        slots = np.zeros(SLOTS, np.uint64)
-        addresses = slots.ctypes.data + 8 * np.arange(SLOTS, dtype=np.uint64)  # the kernelParams array
-        self._local.params = params = (memoryview(slots).cast("B"), int(addresses.ctypes.data), slots, addresses)
-        return params[0], params[1]
+    def __init__(self, head: tuple[int, ...], params: int, keep: tuple[np.ndarray, np.ndarray]) -> None:
+        self.head, self.params, self._keep = head, params, keep
 
-    def launch(
-        self, func_ptr: int, grid: tuple[int, ...], block: tuple[int, ...], values: Sequence[Any], stream_ptr: int
-    ) -> bool:
-        types = tuple(map(type, values))
-        packer = self._formats.get(types, False)
-        if packer is False:
-            fmt = _slot_format(types) if len(types) <= SLOTS else None
-            packer = self._formats[types] = None if fmt is None else struct.Struct(fmt)
-        if packer is None:
-            return False
-        try:
-            view, pointers = self._local.params[:2]
-        except AttributeError:
-            view, pointers = self._slots()
-        packer.pack_into(view, 0, *values)
-        gx, gy, gz = grid if len(grid) == 3 else (grid + (1, 1))[:3]
-        bx, by, bz = block if len(block) == 3 else (block + (1, 1))[:3]
-        self._launch(func_ptr, gx, gy, gz, bx, by, bz, 0, stream_ptr, pointers, 0)
-        return True
+
+def prepare(
+    func_ptr: int, grid: tuple[int, ...], block: tuple[int, ...], values: Sequence[Any]
+) -> PreparedLaunch | None:
+    """Pack ``values`` for a launch of ``func_ptr``; None where an argument cannot be packed."""
+    fmt = slot_format([type(v) for v in values])
+    if fmt is None:
+        return None
+    slots = np.zeros(max(len(values), 1), np.uint64)
+    struct.pack_into(fmt, memoryview(slots).cast("B"), 0, *values)
+    pointers = slots.ctypes.data + 8 * np.arange(len(slots), dtype=np.uint64)
+    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+    bx, by, bz = (tuple(block) + (1, 1))[:3]
+    return PreparedLaunch((func_ptr, gx, gy, gz, bx, by, bz, 0), int(pointers.ctypes.data), (slots, pointers))
