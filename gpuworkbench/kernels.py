@@ -73,25 +73,30 @@ class Kernel:
         ``nbytes``: the bytes the kernel reads and writes, where the caller knows them; traces keep it in the span's
         ``bytes`` (``gw.library`` sets it, so that the analysis can tell the problem size)."""
         # This is the launch path: every check stays, in as few Python steps as the common case allows; a repeat
-        # of an earlier quiet launch (the same grid, block, stream and argument objects) skips them (see _repeat).
-        key = None
-        if not recorder.ACTIVE:
-            try:
-                key = (id(grid), id(block), id(stream), *map(id, args))
-            except TypeError:
-                pass  # args is not a sequence: the checks below say so
-            else:
-                hit = self._repeats.get(key)
-                if hit is not None and hit[0] == Buffer.frees:
-                    s = hit[1]
-                    if s._capture is None and not s.closed:
+        # of an earlier launch (the same grid, block, stream and argument objects) skips them (see _repeat).
+        try:
+            key = (id(grid), id(block), id(stream), *map(id, args))
+        except TypeError:
+            key = None  # args is not a sequence: the checks below say so
+        else:
+            hit = self._repeats.get(key)
+            if hit is not None and hit[0] == Buffer.frees:
+                s = hit[1]
+                if s._capture is None and not s.closed:
+                    values = hit[3]
+                    if recorder.ACTIVE:  # a trace records it: the backend's own launch, through enqueue
+                        launch_args = (self._raw, hit[6], hit[7], values, s._raw)
+                        kernel_name = name or self.name
+                        completion = _dispatch.enqueue_call(
+                            s, "kernel", nbytes, kernel_name, -1, self._backend_launch, launch_args, values
+                        )
+                    else:
                         completion = self._launch_prepared(hit[2], s._raw)
-                        values = hit[3]
                         s._track(completion, values)
-                        sid = s.id
-                        for i in hit[4]:
-                            args[i]._inflight[sid] = completion  # Buffer._touch, inlined
-                        return Event(completion, s, values)
+                    sid = s.id
+                    for i in hit[4]:
+                        args[i]._inflight[sid] = completion  # Buffer._touch, inlined
+                    return Event(completion, s, values)
         grid_t = (grid,) if type(grid) is int and grid > 0 else _dims(grid, "grid")
         block_t = (block,) if type(block) is int and block > 0 else _dims(block, "block")
         if not isinstance(args, (tuple, list)):
@@ -122,7 +127,7 @@ class Kernel:
         # _enqueue, inlined: one Python frame fewer on every launch
         if stream.closed:
             stream._check_open()
-        quiet = key is not None and stream._capture is None
+        repeatable = key is not None and stream._capture is None
         completion = _dispatch.enqueue_call(
             stream,
             "kernel",
@@ -136,7 +141,7 @@ class Kernel:
         sid = stream.id
         for b in buffers:
             b._inflight[sid] = completion  # Buffer._touch, inlined
-        if quiet and usable:
+        if repeatable and usable:
             last = self._last
             if last is not None and last[0] == key:
                 self._repeat(key, last[1], args, grid_t, block_t, values, stream)
@@ -147,7 +152,8 @@ class Kernel:
     def _repeat(
         self, key: tuple, keep: tuple, args: Sequence[Any], grid: tuple, block: tuple, values: list, stream: Stream
     ) -> None:
-        """Prepare (through the backend) a quiet launch made twice in a row, for ``__call__`` to repeat.
+        """Prepare (through the backend) a launch made twice in a row, for ``__call__`` to repeat: untraced through the
+        prepared launch, traced through the backend's launch with the arguments converted here.
 
         ``key`` holds the ids of the grid, block, stream and argument objects of the call. An entry keeps each of
         them alive but the Buffers (``keep``; the stream is the device's), so no other object can take one of those
@@ -164,7 +170,7 @@ class Kernel:
             repeats.clear()
         positions = tuple(i for i, a in enumerate(args) if isinstance(a, Buffer))
         prepared = self._prepare(self._raw, grid, block, values)
-        repeats[key] = (Buffer.frees, stream, prepared, values, positions, keep)
+        repeats[key] = (Buffer.frees, stream, prepared, values, positions, keep, grid, block)
 
     def _enqueue(
         self,

@@ -445,7 +445,7 @@ class CudaDevice(BackendDevice):
 
     def prepare_launch(self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any]) -> Any:
         if self._driver is not None and not self._capturing:
-            prepared = prepare(kernel.ptr, grid, block, args)
+            prepared = prepare(self._driver.launchKernel, kernel.ptr, grid, block, args)
             if prepared is not None:
                 return prepared
         return super().prepare_launch(kernel, grid, block, args)
@@ -454,16 +454,17 @@ class CudaDevice(BackendDevice):
         if type(prepared) is not PreparedLaunch:
             return super().launch_prepared(prepared, stream)
         self._use()
+        ptr = stream.ptr
         try:
-            self._driver.launchKernel(*prepared.head, stream.ptr, prepared.params, 0)
+            prepared.call(ptr, prepared.params, 0)
         except self._driver.CUDADriverError as exc:
             if exc.status != CONTEXT_ERROR:
                 raise
             self._rt.setDevice(self._id)  # a thread whose first CUDA call this is: make the context current
-            self._driver.launchKernel(*prepared.head, stream.ptr, prepared.params, 0)
-        if self._capturing and stream.ptr in self._capturing:
+            prepared.call(ptr, prepared.params, 0)
+        if self._capturing and ptr in self._capturing:
             return _IN_GRAPH
-        marks = self._marks.get(stream.ptr)
+        marks = self._marks.get(ptr)
         return marks.enqueued() if marks is not None else self._mark(stream)
 
     def kernel_arg(self, arg: BufferArg) -> np.uint64:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -37,19 +38,20 @@ def slot_format(types: Sequence[type]) -> str | None:
 
 
 class PreparedLaunch:
-    """``cuLaunchKernel``'s arguments but the stream: ``head`` (function, grid, block, shared bytes) and the address
-    of the kernelParams array, which points into ``slots``."""
+    """``call(stream_ptr, params, 0)``: ``cuLaunchKernel`` with the function, grid, block and shared bytes bound;
+    ``params`` is the address of the kernelParams array, which points into the slots kept here."""
 
-    __slots__ = ("head", "params", "_keep")
+    __slots__ = ("call", "params", "_keep")
 
-    def __init__(self, head: tuple[int, ...], params: int, keep: tuple[np.ndarray, np.ndarray]) -> None:
-        self.head, self.params, self._keep = head, params, keep
+    def __init__(self, call: Any, params: int, keep: tuple[np.ndarray, np.ndarray]) -> None:
+        self.call, self.params, self._keep = call, params, keep
 
 
 def prepare(
-    func_ptr: int, grid: tuple[int, ...], block: tuple[int, ...], values: Sequence[Any]
+    launch: Any, func_ptr: int, grid: tuple[int, ...], block: tuple[int, ...], values: Sequence[Any]
 ) -> PreparedLaunch | None:
-    """Pack ``values`` for a launch of ``func_ptr``; None where an argument cannot be packed."""
+    """Pack ``values`` for a launch of ``func_ptr`` through ``launch`` (``cuLaunchKernel``); None where an argument
+    cannot be packed."""
     fmt = slot_format([type(v) for v in values])
     if fmt is None:
         return None
@@ -58,4 +60,5 @@ def prepare(
     pointers = slots.ctypes.data + 8 * np.arange(len(slots), dtype=np.uint64)
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
     bx, by, bz = (tuple(block) + (1, 1))[:3]
-    return PreparedLaunch((func_ptr, gx, gy, gz, bx, by, bz, 0), int(pointers.ctypes.data), (slots, pointers))
+    call = partial(launch, func_ptr, gx, gy, gz, bx, by, bz, 0)
+    return PreparedLaunch(call, int(pointers.ctypes.data), (slots, pointers))
