@@ -204,6 +204,38 @@ def test_live_gathers_while_recording(client):
     assert len(t) == 2 * (sum(PER_GW_TASK.values()) + 1)
 
 
+def _others_state(name: str, dask_worker=None) -> dict:
+    """``client.run`` target: whether this worker's trace of session ``name`` records other libraries' CUDA work, and
+    whether a CUDA library was loaded in the worker (then CUPTI starts with the trace)."""
+    from gpuworkbench.trace.recorder import _cuda_in_process
+
+    trace = getattr(dask_worker.plugins.get(name), "trace", None)
+    return {"others": None if trace is None else trace.others, "cuda": _cuda_in_process()}
+
+
+def test_others_reaches_every_worker_trace(client):
+    """``gw.dask.trace(client, others=True)`` makes each worker's trace a ``Trace(others=True)`` (what CuPy's kernels
+    need, tests/test_dask_cuda.py); left out, each worker's GPUWB_TRACE_OTHERS decides. A worker with no CUDA library
+    loaded when its trace started says that no other library's work was recorded."""
+    addresses = _workers(client)
+    default = os.environ.get("GPUWB_TRACE_OTHERS", "") == "1"
+    with gw.dask.trace(client, others=True) as t:
+        on = client.run(_others_state, t.plugin_name)
+        _run(client, addresses, gw_per_worker=1, numpy_per_worker=0)
+    with gw.dask.trace(client) as plain:
+        unset = client.run(_others_state, plain.plugin_name)
+    assert {a: s["others"] for a, s in on.items()} == dict.fromkeys(addresses, True)
+    assert {a: s["others"] for a, s in unset.items()} == dict.fromkeys(addresses, default)
+    table = t.table()
+    for address in addresses:
+        said = [w for w in t.stats.warnings if address in w and "no CUDA library" in w]
+        assert bool(said) == (not on[address]["cuda"]), t.stats.warnings
+        dev = _worker(t, address)["devices"][0]
+        counts = Counter(KINDS[k] for k in table["kind"][table["device"] == dev])
+        assert counts == PER_GW_TASK  # the workbench's own ops, as without others
+    assert not [w for w in plain.stats.warnings if "others=True" in w]
+
+
 def test_gw_live_follows_the_cluster(client):
     """``gw.live(client=...)``: the dashboard streams the cluster's spans while it runs, gathered at ≥ 2 Hz."""
     pytest.importorskip("jupyter_bokeh")

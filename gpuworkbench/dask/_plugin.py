@@ -6,7 +6,9 @@ estimate the worker's clock offset. ``transition`` keeps each task's compute and
 ``TaskState.startstops``) with the thread that ran it. ``collect`` hands over what is new since a cursor as columns
 (NumPy arrays and a list of names: cheap to pickle), with every time on the worker's alignment clock:
 ``time.monotonic_ns`` (system-wide on Linux) plus the injected shift, a test hook that makes the worker's clock look
-off as on another host.
+off as on another host. ``others`` is the worker's ``Trace(others=...)``: True also records other libraries' CUDA
+work (CuPy, PyTorch ...) through CUPTI from the trace's start, if a CUDA library is loaded in the worker by then
+(``dask_cuda``'s workers load ``cuda.core`` as they start); None leaves it to the worker's ``GPUWB_TRACE_OTHERS``.
 """
 
 from __future__ import annotations
@@ -54,12 +56,19 @@ class TracePlugin(WorkerPlugin):
     """Records a gpuworkbench trace in every worker of a cluster, and the worker's tasks, until torn down.
 
     ``clock_shift_ns`` maps worker addresses or names to a shift added to every time the worker reports (a test hook:
-    the client must measure it back as that worker's clock offset)."""
+    the client must measure it back as that worker's clock offset); ``others`` is passed to each worker's ``Trace``."""
 
-    def __init__(self, name: str, clock_shift_ns: Mapping[Any, int] | None = None, capacity: int = 1_000_000) -> None:
+    def __init__(
+        self,
+        name: str,
+        clock_shift_ns: Mapping[Any, int] | None = None,
+        capacity: int = 1_000_000,
+        others: bool | None = None,
+    ) -> None:
         self.name = name
         self.clock_shift_ns = dict(clock_shift_ns or {})
         self.capacity = capacity
+        self.others = others
         self.shift_ns = 0
         self.worker: Any = None
         self.trace: Trace | None = None
@@ -67,17 +76,22 @@ class TracePlugin(WorkerPlugin):
         self._delay: dict[Any, float] = {}  # key -> the worker's scheduler_delay when it began executing
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"name": self.name, "clock_shift_ns": self.clock_shift_ns, "capacity": self.capacity}
+        return {
+            "name": self.name,
+            "clock_shift_ns": self.clock_shift_ns,
+            "capacity": self.capacity,
+            "others": self.others,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["name"], state["clock_shift_ns"], state["capacity"])
+        self.__init__(state["name"], state["clock_shift_ns"], state["capacity"], state.get("others"))
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
         shift = self.clock_shift_ns
         self.shift_ns = int(shift.get(worker.address, shift.get(worker.name, shift.get(str(worker.name), 0))))
         worker.handlers[CLOCK_HANDLER] = _clock_handler(worker)
-        self.trace = Trace(capacity=self.capacity).start()
+        self.trace = Trace(capacity=self.capacity, others=self.others).start()
 
     def teardown(self, worker: Any) -> None:
         if self.trace is not None:
@@ -109,6 +123,7 @@ class TracePlugin(WorkerPlugin):
         if stop:
             trace.stop()
             trace.wait_pending(10.0)
+            _note_others(trace)
         spans, span_cursor = trace.delta(cursor[0])
         tasks = self.tasks[cursor[1] :]
         task_cursor = cursor[1] + len(tasks)
@@ -155,6 +170,25 @@ class TracePlugin(WorkerPlugin):
             memory["t_ns"] = memory["t_ns"] - perf
             out["memory"] = memory
         return out
+
+
+def _note_others(trace: Trace) -> None:
+    """Say so in the worker's warnings when ``others`` was asked for but no other library's work could be seen: CUPTI
+    starts with the trace only if a CUDA library was loaded by then (else at the workbench's own first CUDA op)."""
+    if not trace.others or trace._taken:  # a CUPTI handed to another client says so itself
+        return
+    if not trace._cupti_tried:
+        trace._warn_once(
+            "others=True, but no CUDA library (cupy, torch, cuda.core ...) was loaded in this worker when its trace "
+            "started and it opened no workbench CUDA device: other libraries' CUDA work was not recorded (import the "
+            "library in every worker first, e.g. client.run(importlib.import_module, 'cupy'))"
+        )
+    elif trace._cupti is None:
+        reason = trace._cupti_reason or "unknown reason"
+        trace._warn_once(
+            f"others=True, but CUPTI did not start in this worker ({reason}): other libraries' CUDA work "
+            "was not recorded"
+        )
 
 
 async def collect(name: str, cursors: Mapping[str, tuple[int, int]], stop: bool, dask_worker: Any = None) -> Any:

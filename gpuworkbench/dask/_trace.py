@@ -55,7 +55,8 @@ class ClusterTrace(Trace):
     offset_ns = its clock minus the client's, error_ns = half the best round trip, devices); ``t.tasks`` holds its
     tasks (``analysis.TASK_COLUMNS``); ``t.gather_s`` how long the gathering took; a worker lost mid-trace is named
     in ``t.stats.warnings``. ``live=True`` gathers every ``interval_s`` while recording (what ``gw.live(client=...)``
-    follows).
+    follows). ``others=True`` makes every worker's trace record other libraries' CUDA work too (CuPy, PyTorch ...:
+    ``gw.trace(others=True)`` in each worker; None: each worker's ``GPUWB_TRACE_OTHERS`` decides).
     """
 
     def __init__(
@@ -67,6 +68,7 @@ class ClusterTrace(Trace):
         clock_samples: int = 25,
         clock_shift_ns: Mapping[Any, int] | None = None,
         capacity: int = 1_000_000,
+        others: bool | None = None,
     ) -> None:
         super().__init__(capacity=capacity)
         self.client = client
@@ -77,6 +79,7 @@ class ClusterTrace(Trace):
         self.gather_s = 0.0
         self.gathers: list[float] = []  # seconds each gathering from the workers took (live ones, then the last)
         self._shift = dict(clock_shift_ns or {})
+        self.worker_others = others  # each worker's Trace(others=...); None: its GPUWB_TRACE_OTHERS decides
         self._order: list[str] = []  # worker addresses in order of first sight
         self._info: dict[str, dict[str, Any]] = {}
         self._blocks: dict[str, list[dict[str, Any]]] = {}
@@ -106,7 +109,7 @@ class ClusterTrace(Trace):
         self._perf_minus_mono = _sample(time.perf_counter_ns)
         self.started_ns = time.perf_counter_ns()
         self._wall_start = time.time()
-        plugin = TracePlugin(self.plugin_name, self._shift, self.capacity)
+        plugin = TracePlugin(self.plugin_name, self._shift, self.capacity, self.worker_others)
         self.client.register_plugin(plugin, name=self.plugin_name)
         self._recording = True
         workers = _worker_addresses(self.client)
@@ -546,7 +549,7 @@ def _write(doc: dict, path: str | Path) -> None:
 
 def trace(client: Any, **options: Any) -> ClusterTrace:
     """A trace of every worker of ``client``'s cluster: ``with gw.dask.trace(client) as t:`` (see ``ClusterTrace``
-    for the options: ``live``, ``interval_s``, ``clock_samples``, ``clock_shift_ns``, ``capacity``)."""
+    for the options: ``live``, ``interval_s``, ``clock_samples``, ``clock_shift_ns``, ``capacity``, ``others``)."""
     return ClusterTrace(client, **options)
 
 
@@ -555,5 +558,11 @@ def live(client: Any, interval_s: float = 0.4, **options: Any) -> Any:
     ``interval_s`` (2.5 Hz by default); ``.stop()`` ends it and leaves the merged trace in ``.trace``."""
     from ..viz.dashboard import Live
 
-    cluster = ClusterTrace(client, live=True, interval_s=interval_s, capacity=options.pop("capacity", 250_000))
+    cluster = ClusterTrace(
+        client,
+        live=True,
+        interval_s=interval_s,
+        capacity=options.pop("capacity", 250_000),
+        others=options.pop("others", None),
+    )
     return Live(cluster.start(), None, owns_trace=True, **options)
