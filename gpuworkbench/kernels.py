@@ -18,6 +18,7 @@ from .streams import Event, Stream
 from .trace import recorder
 
 _REPEATS = 16  # prepared launches kept per Kernel
+_MISSES, _SKIP = 16, 256  # after 16 launches in a row that were not repeats, 256 launches look for none
 _IMMUTABLE_DIMS = (int, tuple)
 _IMMUTABLE_SCALARS = (int, float, np.number, np.bool_)
 
@@ -57,7 +58,9 @@ class Kernel:
         self._backend_launch = device._backend.launch
         self._prepare, self._launch_prepared = device._backend.prepare_launch, device._backend.launch_prepared
         self._repeats: dict[tuple, tuple] = {}  # see _repeat
-        self._last: tuple | None = None  # the last quiet launch's key and objects
+        self._last: tuple | None = None  # the last launch's key and objects
+        self._misses = 0  # launches in a row that were not repeats
+        self._skip = 0  # launches still to make without a key, after _MISSES misses
 
     def __call__(
         self,
@@ -74,29 +77,36 @@ class Kernel:
         ``bytes`` (``gw.library`` sets it, so that the analysis can tell the problem size)."""
         # This is the launch path: every check stays, in as few Python steps as the common case allows; a repeat
         # of an earlier launch (the same grid, block, stream and argument objects) skips them (see _repeat).
-        try:
-            key = (id(grid), id(block), id(stream), *map(id, args))
-        except TypeError:
-            key = None  # args is not a sequence: the checks below say so
+        key = None
+        if self._skip:  # launches lately were not repeats (a scalar that changes every time): no key for a while
+            self._skip -= 1
         else:
-            hit = self._repeats.get(key)
-            if hit is not None and hit[0] == Buffer.frees:
-                s = hit[1]
-                if s._capture is None and not s.closed:
-                    values = hit[3]
-                    if recorder.ACTIVE:  # a trace records it: the backend's own launch, through enqueue
-                        launch_args = (self._raw, hit[6], hit[7], values, s._raw)
-                        kernel_name = name or self.name
-                        completion = _dispatch.enqueue_call(
-                            s, "kernel", nbytes, kernel_name, -1, self._backend_launch, launch_args, values
-                        )
-                    else:
-                        completion = self._launch_prepared(hit[2], s._raw)
-                        s._track(completion, values)
-                    sid = s.id
-                    for i in hit[4]:
-                        args[i]._inflight[sid] = completion  # Buffer._touch, inlined
-                    return Event(completion, s, values)
+            try:
+                key = (id(grid), id(block), id(stream), *map(id, args))
+            except TypeError:
+                pass  # args is not a sequence: the checks below say so
+            else:
+                hit = self._repeats.get(key)
+                if hit is not None and hit[0] == Buffer.frees:
+                    s = hit[1]
+                    if s._capture is None and not s.closed:
+                        self._misses = 0
+                        values = hit[3]
+                        if recorder.ACTIVE:  # a trace records it: through enqueue, which says whether to time it
+                            name = name or self.name
+                            completion = _dispatch.enqueue_call(
+                                s, "kernel", nbytes, name, -1, self._run_prepared, (hit, s._raw), values
+                            )
+                        else:
+                            completion = self._launch_prepared(hit[2], s._raw)
+                            s._track(completion, values)
+                        sid = s.id
+                        for i in hit[4]:
+                            args[i]._inflight[sid] = completion  # Buffer._touch, inlined
+                        return Event(completion, s, values)
+                self._misses += 1
+                if self._misses >= _MISSES:
+                    self._misses, self._skip = 0, _SKIP
         grid_t = (grid,) if type(grid) is int and grid > 0 else _dims(grid, "grid")
         block_t = (block,) if type(block) is int and block > 0 else _dims(block, "block")
         if not isinstance(args, (tuple, list)):
@@ -128,16 +138,15 @@ class Kernel:
         if stream.closed:
             stream._check_open()
         repeatable = key is not None and stream._capture is None
-        completion = _dispatch.enqueue_call(
-            stream,
-            "kernel",
-            nbytes,
-            name or self.name,
-            -1,
-            self._backend_launch,
-            (self._raw, grid_t, block_t, values, stream._raw),
-            values,
-        )
+        if stream._capture is None and not recorder.ACTIVE:  # _dispatch.enqueue_call's quiet branch, inlined
+            completion = self._backend_launch(self._raw, grid_t, block_t, values, stream._raw, False)
+            stream._track(completion, values)
+        else:
+            launch_args = (self._raw, grid_t, block_t, values, stream._raw)
+            name = name or self.name
+            completion = _dispatch.enqueue_call(
+                stream, "kernel", nbytes, name, -1, self._backend_launch, launch_args, values
+            )
         sid = stream.id
         for b in buffers:
             b._inflight[sid] = completion  # Buffer._touch, inlined
@@ -148,6 +157,13 @@ class Kernel:
             else:  # its objects kept: a scalar made per call must not lend its id to the next call's
                 self._last = (key, (grid, block, scalars))
         return Event(completion, stream, values)
+
+    def _run_prepared(self, hit: tuple, stream: Any, timed: bool) -> Any:
+        """A repeat inside a trace: the prepared launch where the trace times it by CUPTI (untimed), else the
+        backend's launch with the converted arguments and its events."""
+        if timed:
+            return self._backend_launch(self._raw, hit[6], hit[7], hit[3], stream, True)
+        return self._launch_prepared(hit[2], stream)
 
     def _repeat(
         self, key: tuple, keep: tuple, args: Sequence[Any], grid: tuple, block: tuple, values: list, stream: Stream

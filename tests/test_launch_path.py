@@ -113,6 +113,10 @@ def test_a_repeated_launch_is_prepared_and_sees_every_change(cpu):
             k(1, 1, (a, np.float32(i)), stream=s)
         s.synchronize()
         assert a.copy_to_host()[0] == 299
+        assert k._skip > 0  # misses in a row: no key is made for a while
+        for _ in range(600):  # then a repeat is found again
+            k(1, 1, (a, four), stream=s)
+        assert k._skip == 0 and any(hit[3][1] is four for hit in k._repeats.values())
         grid = [1]
         for _ in range(3):
             k(grid, 1, (a, three), stream=s)
