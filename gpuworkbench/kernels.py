@@ -6,6 +6,7 @@ import ast
 import re
 import threading
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -92,11 +93,13 @@ class Kernel:
                     if s._capture is None and not s.closed:
                         self._misses = 0
                         values = hit[3]
-                        if recorder.ACTIVE:  # a trace records it: through enqueue, which says whether to time it
+                        traces = recorder.ACTIVE
+                        if traces:  # a trace records it (and says whether to time it)
                             name = name or self.name
-                            completion = _dispatch.enqueue_call(
-                                s, "kernel", nbytes, name, -1, self._run_prepared, (hit, s._raw), values
-                            )
+                            if len(traces) == 1:  # _dispatch.enqueue's one-trace branch, inlined
+                                completion = traces[0].record_op(s, "kernel", nbytes, name, -1, hit[6], values)
+                            else:
+                                completion = _dispatch.enqueue(s, "kernel", nbytes, name, -1, hit[6], values)
                         else:
                             completion = self._launch_prepared(hit[2], s._raw)
                             s._track(completion, values)
@@ -158,12 +161,12 @@ class Kernel:
                 self._last = (key, (grid, block, scalars))
         return Event(completion, stream, values)
 
-    def _run_prepared(self, hit: tuple, stream: Any, timed: bool) -> Any:
+    def _run_prepared(self, prepared: Any, grid: tuple, block: tuple, values: list, stream: Any, timed: bool) -> Any:
         """A repeat inside a trace: the prepared launch where the trace times it by CUPTI (untimed), else the
         backend's launch with the converted arguments and its events."""
         if timed:
-            return self._backend_launch(self._raw, hit[6], hit[7], hit[3], stream, True)
-        return self._launch_prepared(hit[2], stream)
+            return self._backend_launch(self._raw, grid, block, values, stream, True)
+        return self._launch_prepared(prepared, stream)
 
     def _repeat(
         self, key: tuple, keep: tuple, args: Sequence[Any], grid: tuple, block: tuple, values: list, stream: Stream
@@ -186,7 +189,8 @@ class Kernel:
             repeats.clear()
         positions = tuple(i for i, a in enumerate(args) if isinstance(a, Buffer))
         prepared = self._prepare(self._raw, grid, block, values)
-        repeats[key] = (Buffer.frees, stream, prepared, values, positions, keep, grid, block)
+        traced = partial(self._run_prepared, prepared, grid, block, values, stream._raw)  # call(timed), for a trace
+        repeats[key] = (Buffer.frees, stream, prepared, values, positions, keep, traced)
 
     def _enqueue(
         self,

@@ -131,6 +131,11 @@ def test_a_repeated_launch_is_prepared_and_sees_every_change(cpu):
                 k(1, 1, (a, three), stream=s)
             s.synchronize()
         assert sum(1 for sp in t.spans if sp.kind == "kernel") == 3
+        with gw.trace() as outer, gw.trace() as inner:  # two traces at once: each sees every repeat
+            for _ in range(3):
+                k(1, 1, (a, three), stream=s)
+            s.synchronize()
+        assert [sum(1 for sp in x.spans if sp.kind == "kernel") for x in (outer, inner)] == [3, 3]
         s.close()
         with pytest.raises(gw.InvalidArgument, match="closed"):
             k(1, 1, (a, three), stream=s)
