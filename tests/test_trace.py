@@ -299,3 +299,26 @@ def test_chrome_trace_export(device, tmp_path):
             assert e["args"]["memory bandwidth (GB/s)"] == round(4 * n / (sp.end_ns - sp.start_ns), 3)
     s1.close()
     s2.close()
+
+
+def test_sequential_traces_reuse_their_harvest_threads():
+    """A trace's harvest loop runs on an idle pooled thread: sequential traces start no new OS thread each."""
+    import threading
+
+    def harvesters() -> int:
+        return sum(1 for th in threading.enumerate() if th.name.startswith("gpuworkbench-trace"))
+
+    dev = gw.Device(0, backend="cpu")
+    buf = dev.alloc(16, "float32")
+    try:
+        counts = []
+        for _ in range(6):
+            with gw.trace() as t:
+                buf.fill_bytes(0)
+            assert t.wait_pending(10)
+            t._thread.join(10)
+            assert not t._thread.is_alive() and len(t.spans) >= 1
+            counts.append(harvesters())
+        assert counts[-1] == counts[1], counts  # the same idle thread(s) every time
+    finally:
+        buf.free()

@@ -43,7 +43,7 @@ ACTIVITY_KINDS: tuple[str, ...] = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "EXT
 #: ... and where this CUPTI has them: device allocations and frees of every library (CUPTI_ACTIVITY_KIND_MEMORY2),
 #: and NVTX ranges (MARKER; NVTX reaches CUPTI only where ``NVTX_INJECTION64_PATH`` named libcupti before the first
 #: NVTX call of the process: ``prepare`` sets it when it is unset).
-OPTIONAL_KINDS: tuple[str, ...] = ()
+OPTIONAL_KINDS: tuple[str, ...] = tuple(k for k in os.environ.get("GPUWB_CUPTI_OPTIONAL", "").split(",") if k)
 #: API record kinds enabled as carriers: CUPTI emits EXTERNAL_CORRELATION records only for API calls it records, and
 #: a trace places each call (its thread and start) in the window in which it enqueued one of its ops.
 API_CARRIER_KINDS: tuple[str, ...] = ("DRIVER", "RUNTIME")

@@ -28,6 +28,8 @@ import numpy as np
 from . import cupti as cupti_source
 from .cupti_foreign import ForeignRecords
 from .cupti_ops import ROW, CuptiOps
+from .harvest_threads import THREADS as HARVEST_THREADS
+from .harvest_threads import Run
 from .spans import (
     COLUMNS,
     KIND_CODE,
@@ -260,7 +262,7 @@ class Trace:
         self.started_ns = self.stopped_ns = 0
         self._stop = threading.Event()
         self._hurry = threading.Event()  # set by the next trace that waits for CUPTI: drain without pausing
-        self._thread: threading.Thread | None = None
+        self._thread: Run | None = None  # this trace's harvest loop, on a reused thread (harvest_threads)
         self._op_ids = itertools.count(1)
         self._version = 0  # bumped whenever spans or memory samples are added
         self._read_at = -WATCH_S  # monotonic time of the last ``version`` read
@@ -303,8 +305,7 @@ class Trace:
         with _ACTIVE_LOCK:
             ACTIVE.append(self)
         self._stop.clear()
-        self._thread = threading.Thread(target=self._harvest_loop, name=f"gpuworkbench-trace-{self.id}", daemon=True)
-        self._thread.start()
+        self._thread = HARVEST_THREADS.run(self._harvest_loop, f"gpuworkbench-trace-{self.id}")
         return self
 
     def stop(self) -> None:
