@@ -102,7 +102,10 @@ class Kernel:
                                 completion = _dispatch.enqueue(s, "kernel", nbytes, name, -1, hit[6], values)
                         else:
                             completion = self._launch_prepared(hit[2], s._raw)
-                            s._track(completion, values)
+                            s._inflight.append((completion, values))  # Stream._track, inlined
+                            s._appended += 1
+                            if s._appended & 63 == 0:
+                                s._prune_now()
                         sid = s.id
                         for i in hit[4]:
                             args[i]._inflight[sid] = completion  # Buffer._touch, inlined

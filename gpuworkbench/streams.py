@@ -91,8 +91,11 @@ class Stream:
         self._inflight.append((completion, keep))
         self._appended += 1
         if self._appended & 63 == 0:  # prune now and then, not on every op
-            with self._lock:
-                self._prune()
+            self._prune_now()
+
+    def _prune_now(self) -> None:
+        with self._lock:
+            self._prune()
 
     def _forget(self, completion: Any) -> None:
         with self._lock:

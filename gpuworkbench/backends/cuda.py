@@ -79,6 +79,7 @@ class CudaDevice(BackendDevice):
         self.info, self.caps = info, caps
         self._id = info.index
         self._rt = cupy.cuda.runtime
+        self._get_device = self._rt.getDevice
         self._rt.setDevice(self._id)
         self._timed_events = _EventPool(timing=True)
         self._plain_events = _EventPool(timing=False)
@@ -453,7 +454,8 @@ class CudaDevice(BackendDevice):
     def launch_prepared(self, prepared: Any, stream: Any) -> Any:
         if type(prepared) is not PreparedLaunch:
             return super().launch_prepared(prepared, stream)
-        self._use()
+        if self._get_device() != self._id:  # _use, inlined (this is the launch path)
+            self._rt.setDevice(self._id)
         ptr = stream.ptr
         try:
             prepared.call(ptr, prepared.params, 0)
@@ -465,7 +467,10 @@ class CudaDevice(BackendDevice):
         if self._capturing and ptr in self._capturing:
             return _IN_GRAPH
         marks = self._marks.get(ptr)
-        return marks.enqueued() if marks is not None else self._mark(stream)
+        if marks is None:
+            return self._mark(stream)
+        number = marks.issued = next(marks._numbers)  # StreamMarks.enqueued, inlined
+        return LazyCompletion(marks, number)
 
     def kernel_arg(self, arg: BufferArg) -> np.uint64:
         """A buffer as a kernel argument: its device pointer (made once per buffer)."""
