@@ -1217,10 +1217,11 @@ def other_client() -> str:
 def prepare() -> None:
     """Do once what makes the first CUPTI trace slow: import cupti-python (~60 ms on the H100 machine), open libcupti
     and, with ``ATTACH_EARLY``, attach CUPTI (~20 ms; nothing is recorded until a trace starts) and start and stop
-    a source once (CUPTI's first enabling of the kinds). On the calling thread
-    only: CUPTI set up from a thread beside the user's CUDA calls made later CUDA calls fail ('context is destroyed').
+    a source once (CUPTI's first enabling of the kinds). On the calling thread only: CUPTI set up from a thread
+    beside the user's CUDA calls made later CUDA calls fail ('context is destroyed').
     ``%load_ext gpuworkbench`` calls it; so does the first trace that meets CUDA. Never raises."""
     global _PREPARED
+    attached = False
     with _STATE_LOCK:
         if _PREPARED:
             return
@@ -1234,11 +1235,14 @@ def prepare() -> None:
             raw = _raw_cupti(cupti)
             if ATTACH_EARLY and _ACTIVE is None and not other_client():
                 raw.register()  # attaches CUPTI; our callbacks drop what comes while no source is active
-                warm = CuptiSource()  # CUPTI's first enabling of each kind, and our tables, paid here
-                warm.start()
-                warm.stop()
+                attached = True
         except Exception:  # noqa: BLE001  a trace reports why CUPTI cannot start when it tries
             pass
+    if attached:  # outside the lock, which start and stop take: CUPTI's first enabling of each kind, paid here
+        with contextlib.suppress(Exception):
+            warm = CuptiSource()
+            warm.start()
+            warm.stop()
 
 
 def _stop_active_at_exit() -> None:
