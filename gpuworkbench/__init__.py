@@ -55,7 +55,7 @@ def trace(
     capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto", others: bool | None = None
 ) -> Trace:
     """A Trace to use as ``with gw.trace() as t:``; records every op on every device without synchronizing.
-    ``others=True``: other libraries' CUDA work too (CuPy, PyTorch ...; see ``Trace``)."""
+    ``others`` (on unless False or ``GPUWB_TRACE_OTHERS=0``): other libraries' CUDA work too (CuPy, PyTorch ...)."""
     return Trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
 
 

@@ -335,7 +335,7 @@ def test_cupti_spans_go_to_the_ops_whose_calls_they_are_among_other_launches_and
             for i in range(n):
                 empty(1, 32, (b,), stream=s2, name=f"thread-{i}")
 
-        with gw.trace(source="cupti") as t:
+        with gw.trace(source="cupti", others=False) as t:  # our ops only: the spin launches are not ours
             worker = threading.Thread(target=other)
             worker.start()
             for i in range(n):

@@ -1,10 +1,7 @@
 """Other libraries' CUDA work in a trace, on a real GPU: plain CuPy and PyTorch code inside ``gw.trace()``.
 
-Marked ``gpu``; skipped cleanly where CuPy, PyTorch, cupti-python or a GPU is missing, and unless
-``GPUWB_TEST_OTHERS=1``: on an H100 a process that traced with ``others=True`` later crashed in CUDA calls of other
-tests now and then (segfaults, "context is destroyed"), so these run on their own:
-``GPUWB_TEST_OTHERS=1 pytest tests/test_cuda_any_code.py``. ``benchmarks/bench_any_cuda.py proof`` compares the same
-kind of capture with torch.profiler's.
+Marked ``gpu``; skipped cleanly where CuPy, PyTorch, cupti-python or a GPU is missing.
+``benchmarks/bench_any_cuda.py proof`` compares the same kind of capture with torch.profiler's.
 """
 
 from __future__ import annotations
@@ -21,13 +18,7 @@ from gpuworkbench.trace import cupti as cupti_source
 from gpuworkbench.trace.cupti_foreign import FOREIGN_STREAM_BASE
 from gpuworkbench.trace.spans import KIND_CODE, unpack_dim3
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        os.environ.get("GPUWB_TEST_OTHERS") != "1",
-        reason="others=True destabilises the process's later CUDA work: run alone with GPUWB_TEST_OTHERS=1",
-    ),
-]
+pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")

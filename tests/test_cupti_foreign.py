@@ -199,10 +199,11 @@ def test_dim3_packing_round_trips():
     assert unpack_dim3(0) is None
 
 
-def test_other_libraries_are_captured_only_when_asked(monkeypatch):
-    assert Trace().others is False and Trace(others=True).others is True
-    monkeypatch.setenv("GPUWB_TRACE_OTHERS", "1")
-    assert Trace().others is True and gw.trace(others=False).others is False
+def test_other_libraries_are_captured_unless_turned_off(monkeypatch):
+    monkeypatch.delenv("GPUWB_TRACE_OTHERS", raising=False)
+    assert Trace().others is True and Trace(others=False).others is False
+    monkeypatch.setenv("GPUWB_TRACE_OTHERS", "0")
+    assert Trace().others is False and gw.trace(others=True).others is True
 
 
 def test_another_cupti_client_is_recognised(monkeypatch):

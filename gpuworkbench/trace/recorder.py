@@ -237,9 +237,9 @@ class Trace:
             raise ValueError(f"trace source must be 'auto', 'events' or 'cupti', not {source!r}")
         self.id = next(_IDS)
         self.capacity, self.interval_s, self.source = capacity, interval_s, source
-        #: Whether other libraries' CUDA work (CuPy, PyTorch ...) is captured too (CUPTI from the trace's start).
-        #: Off unless asked for, or ``GPUWB_TRACE_OTHERS=1``: see docs/architecture.md for why.
-        self.others = others if others is not None else os.environ.get("GPUWB_TRACE_OTHERS", "") == "1"
+        #: Whether other libraries' CUDA work (CuPy, PyTorch ...) is captured too (CUPTI from the trace's start):
+        #: on unless ``others=False`` or ``GPUWB_TRACE_OTHERS=0``.
+        self.others = others if others is not None else os.environ.get("GPUWB_TRACE_OTHERS", "1") != "0"
         self._spans = _Columns(COLUMNS, capacity)
         self._memory = _Columns(MEMORY_COLUMNS, capacity)
         self._pending: deque[tuple] = deque()  # ops timed by events, not yet looked at (layout above)
