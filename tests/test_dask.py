@@ -215,10 +215,11 @@ def _others_state(name: str, dask_worker=None) -> dict:
 
 def test_others_reaches_every_worker_trace(client):
     """``gw.dask.trace(client, others=True)`` makes each worker's trace a ``Trace(others=True)`` (what CuPy's kernels
-    need, tests/test_dask_cuda.py); left out, each worker's GPUWB_TRACE_OTHERS decides. A worker with no CUDA library
-    loaded when its trace started says that no other library's work was recorded."""
+    need, tests/test_dask_cuda.py); left out, each worker's GPUWB_TRACE_OTHERS decides (on unless "0"). A worker
+    with no CUDA library loaded when its trace started says that no other library's work was recorded, where others
+    was asked for by name."""
     addresses = _workers(client)
-    default = os.environ.get("GPUWB_TRACE_OTHERS", "") == "1"
+    default = os.environ.get("GPUWB_TRACE_OTHERS", "1") != "0"
     with gw.dask.trace(client, others=True) as t:
         on = client.run(_others_state, t.plugin_name)
         _run(client, addresses, gw_per_worker=1, numpy_per_worker=0)

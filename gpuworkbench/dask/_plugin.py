@@ -123,7 +123,8 @@ class TracePlugin(WorkerPlugin):
         if stop:
             trace.stop()
             trace.wait_pending(10.0)
-            _note_others(trace)
+            if self.others:  # asked for by name (it is every trace's default): say where it could not be had
+                _note_others(trace)
         spans, span_cursor = trace.delta(cursor[0])
         tasks = self.tasks[cursor[1] :]
         task_cursor = cursor[1] + len(tasks)
