@@ -127,6 +127,32 @@ def peer_copies(gw, cp, nbytes: int, rounds: int, src_index: int, dst_index: int
     return result
 
 
+def at_once(calls: list) -> float:
+    """Run each callable on a thread of its own, released together by a barrier; the wall time until all are done
+    (the first error any raised is raised here)."""
+    barrier = threading.Barrier(len(calls) + 1)
+    errors: list[BaseException] = []
+
+    def runner(call) -> None:
+        barrier.wait()
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=runner, args=(c,)) for c in calls]
+    for th in threads:
+        th.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return wall
+
+
 def raw_pipeline(cp, index: int, inputs: list, outputs: list, depth: int = 2) -> float:
     """The Pipeline's schedule in plain CuPy on GPU ``index``: upload, y = 2x + 1, download, ``depth`` slots in
     flight on three streams ordered by events; returns the wall time."""
@@ -164,20 +190,7 @@ def raw_pipelines(cp, work: list, rounds: int) -> tuple[list[float], list[float]
         return raw_pipeline(cp, 0, work[0][1], work[0][2])
 
     def two() -> float:
-        barrier = threading.Barrier(3)
-
-        def runner(index: int) -> None:
-            barrier.wait()
-            raw_pipeline(cp, index, work[index][1], work[index][2])
-
-        threads = [threading.Thread(target=runner, args=(i,)) for i in (0, 1)]
-        for th in threads:
-            th.start()
-        barrier.wait()
-        t0 = time.perf_counter()
-        for th in threads:
-            th.join()
-        return time.perf_counter() - t0
+        return at_once([lambda i=i: raw_pipeline(cp, i, work[i][1], work[i][2]) for i in (0, 1)])
 
     one(), two()  # compile and warm
     return abba(one, two, rounds)
@@ -206,27 +219,8 @@ def pipelines(gw, batches: int, batch_elems: int, rounds: int) -> dict:
             return time.perf_counter() - t0
 
     def two(traced: bool = True) -> float:
-        barrier = threading.Barrier(3)
-        errors: list[BaseException] = []
-
-        def runner(pipe, inputs, outputs) -> None:
-            barrier.wait()
-            try:
-                pipe.run(inputs, outputs)
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                errors.append(exc)
-
         with gw.trace() if traced else contextlib.nullcontext() as t:
-            threads = [threading.Thread(target=runner, args=w) for w in work]
-            for th in threads:
-                th.start()
-            barrier.wait()
-            t0 = time.perf_counter()
-            for th in threads:
-                th.join()
-            wall = time.perf_counter() - t0
-        if errors:
-            raise errors[0]
+            wall = at_once([lambda w=w: w[0].run(w[1], w[2]) for w in work])
         if traced:
             summaries.append(t)
         return wall

@@ -12,14 +12,13 @@ import statistics
 import subprocess
 import sys
 import threading
-import time
 
 import cupy as cp
 import cupyx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_multi_gpu import raw_pipeline  # noqa: E402
+from bench_multi_gpu import at_once, raw_pipeline  # noqa: E402
 
 BATCHES, ELEMS, ROUNDS = 32, 8 << 20, 5
 
@@ -56,20 +55,7 @@ def buffers(index: int, cpus: set[int] | None) -> tuple[list, list]:
 
 
 def two(work: list) -> float:
-    barrier = threading.Barrier(3)
-
-    def run(i: int) -> None:
-        barrier.wait()
-        raw_pipeline(cp, i, *work[i])
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - t0
+    return at_once([lambda i=i: raw_pipeline(cp, i, *work[i]) for i in (0, 1)])
 
 
 def main() -> None:
