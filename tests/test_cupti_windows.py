@@ -195,7 +195,9 @@ def test_an_unread_recording_trace_defers_decoding_until_a_read():
         assert len(t) == 0 and t.stats.harvest_cycles == 0 and t._cupti.backlog_bytes > 0
         table = t.table(wait=False)  # a read decodes what was deferred, at once
         assert table["name"].tolist() == ["op1"] and table["start_ns"].tolist() == [15_000]
-        assert t._cupti.backlog_bytes == 0 and not t._deferred
+        # everything deferred was decoded by the read (the harvester's next wake may mark the trace deferred again,
+        # with nothing left to defer: the read does not make the trace watched)
+        assert t._cupti.backlog_bytes == 0
     finally:
         t.stop()
     assert t.wait_pending(5) and t.stats.lost == 0
