@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ class Buffer:
     changes no byte: ``copy_to_host()`` returns that shape, and kernel libraries read it (``gw.library``)."""
 
     frees = 0  # buffers freed in this process, any device: a change invalidates Kernel's prepared launches
+    on_free: list[Callable[[], None]] = []  # called after every free (kernels drop the launches they prepared)
 
     def __init__(self, device: Device, n: int, dtype: np.dtype, handle: Any) -> None:
         self.device, self._len, self.dtype, self._handle = device, n, dtype, handle
@@ -302,6 +303,8 @@ class Buffer:
         self.device._backend.free(self._handle)
         self._freed, self._handle, self._karg = True, None, None
         Buffer.frees += 1  # after _freed: Kernel's prepared launches are checked against it
+        for hook in Buffer.on_free:
+            hook()
         self.device._memory.freed(self.size_bytes, start)
 
     def __enter__(self) -> Buffer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 import threading
+import weakref
 from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,16 @@ _REPEATS = 16  # prepared launches kept per Kernel
 _MISSES, _SKIP = 16, 256  # after 16 launches in a row that were not repeats, 256 launches look for none
 _IMMUTABLE_DIMS = (int, tuple)
 _IMMUTABLE_SCALARS = (int, float, np.number, np.bool_)
+_PREPARING: weakref.WeakSet = weakref.WeakSet()  # kernels holding prepared launches
+
+
+def _drop_prepared() -> None:
+    """A buffer was freed: prepared launches may name it (on the CPU they hold a view of its memory), so drop all."""
+    for kernel in list(_PREPARING):
+        kernel._repeats.clear()
+
+
+Buffer.on_free.append(_drop_prepared)
 
 if TYPE_CHECKING:
     from .device import Device
@@ -124,6 +135,7 @@ class Kernel:
             raise InvalidArgument(f"stream must be a gpuworkbench Stream, not {type(stream).__name__}")
         if stream.device is not device:
             raise InvalidArgument(f"stream {stream.label!r} is on {stream.device.spec}, kernel on {device.spec}")
+        frees = Buffer.frees  # before the checks: a buffer freed after them makes what is prepared below stale
         values: list[Any] = []
         buffers: list[Buffer] = []
         scalars: list[Any] = []  # the scalar arguments as given: a repeat's key holds their ids
@@ -159,7 +171,7 @@ class Kernel:
         if repeatable and usable:
             last = self._last
             if last is not None and last[0] == key:
-                self._repeat(key, last[1], args, grid_t, block_t, values, stream)
+                self._repeat(key, last[1], args, grid_t, block_t, values, stream, frees)
             else:  # its objects kept: a scalar made per call must not lend its id to the next call's
                 self._last = (key, (grid, block, scalars))
         return Event(completion, stream, values)
@@ -172,28 +184,38 @@ class Kernel:
         return self._launch_prepared(prepared, stream)
 
     def _repeat(
-        self, key: tuple, keep: tuple, args: Sequence[Any], grid: tuple, block: tuple, values: list, stream: Stream
+        self,
+        key: tuple,
+        keep: tuple,
+        args: Sequence[Any],
+        grid: tuple,
+        block: tuple,
+        values: list,
+        stream: Stream,
+        frees: int,
     ) -> None:
         """Prepare (through the backend) a launch made twice in a row, for ``__call__`` to repeat: untraced through the
         prepared launch, traced through the backend's launch with the arguments converted here.
 
         ``key`` holds the ids of the grid, block, stream and argument objects of the call. An entry keeps each of
         them alive but the Buffers (``keep``; the stream is the device's), so no other object can take one of those
-        ids. A Buffer is not kept, which would keep its memory: an entry is valid while ``Buffer.frees`` is unchanged,
-        since a Buffer dies only through ``free`` (its finaliser calls it), which counts. Scalars and tuples are
-        immutable, so equal ids mean equal arguments; a list of dims or a structured scalar is not prepared."""
+        ids. A Buffer is not kept, which would keep its memory: an entry is valid while ``Buffer.frees`` is what it was
+        before the call's checks (``frees``), since a Buffer dies only through ``free`` (its finaliser calls it), which
+        counts; every free also drops the entries (``_drop_prepared``). Scalars and tuples are immutable, so equal ids
+        mean equal arguments; a list of dims or a structured scalar is not prepared."""
         grid_arg, block_arg, scalars = keep
         if not (type(grid_arg) in _IMMUTABLE_DIMS and type(block_arg) in _IMMUTABLE_DIMS):
             return  # a list of dims may change in place under the same id
         if not all(isinstance(a, _IMMUTABLE_SCALARS) for a in scalars):
             return
         repeats = self._repeats
-        if len(repeats) >= _REPEATS or (repeats and next(iter(repeats.values()))[0] != Buffer.frees):
+        if len(repeats) >= _REPEATS:
             repeats.clear()
         positions = tuple(i for i, a in enumerate(args) if isinstance(a, Buffer))
         prepared = self._prepare(self._raw, grid, block, values)
         traced = partial(self._run_prepared, prepared, grid, block, values, stream._raw)  # call(timed), for a trace
-        repeats[key] = (Buffer.frees, stream, prepared, values, positions, keep, traced)
+        repeats[key] = (frees, stream, prepared, values, positions, keep, traced)
+        _PREPARING.add(self)
 
     def _enqueue(
         self,

@@ -151,10 +151,12 @@ def test_a_repeated_launch_keeps_no_buffer_alive(cpu):
     for _ in range(3):
         k(1, 1, (x, one)).wait()
     assert k._repeats
-    ref = weakref.ref(x)
+    ref, memory = weakref.ref(x), weakref.ref(x._handle)  # the CPU backend's array behind the buffer
+    cpu.default_stream.synchronize()  # the stream lets go of its finished ops' arguments
     del x
     gc.collect()
     assert ref() is None and cpu.held_bytes == 0  # freed by its finaliser, as without the repeat
+    assert memory() is None and not k._repeats  # no prepared launch holds a view of the freed memory
 
 
 # ------------------------------------------------------------------ elementwise: launch plans per signature
