@@ -8,7 +8,8 @@ estimate the worker's clock offset. ``transition`` keeps each task's compute and
 ``time.monotonic_ns`` (system-wide on Linux) plus the injected shift, a test hook that makes the worker's clock look
 off as on another host. ``others`` is the worker's ``Trace(others=...)``: True also records other libraries' CUDA
 work (CuPy, PyTorch ...) through CUPTI from the trace's start, if a CUDA library is loaded in the worker by then
-(``dask_cuda``'s workers load ``cuda.core`` as they start); None leaves it to the worker's ``GPUWB_TRACE_OTHERS``.
+(``dask_cuda``'s workers load ``cuda.core`` as they start); None leaves the worker's default (on unless its
+``GPUWB_TRACE_OTHERS=0``).
 """
 
 from __future__ import annotations

@@ -55,8 +55,9 @@ class ClusterTrace(Trace):
     offset_ns = its clock minus the client's, error_ns = half the best round trip, devices); ``t.tasks`` holds its
     tasks (``analysis.TASK_COLUMNS``); ``t.gather_s`` how long the gathering took; a worker lost mid-trace is named
     in ``t.stats.warnings``. ``live=True`` gathers every ``interval_s`` while recording (what ``gw.live(client=...)``
-    follows). ``others=True`` makes every worker's trace record other libraries' CUDA work too (CuPy, PyTorch ...:
-    ``gw.trace(others=True)`` in each worker; None: each worker's ``GPUWB_TRACE_OTHERS`` decides).
+    follows). ``others`` is every worker's ``Trace(others=...)``: other libraries' CUDA work (CuPy, PyTorch ...) too,
+    or not; None leaves each worker its default (on unless its ``GPUWB_TRACE_OTHERS=0``). Given as True, a worker
+    where it could not be had says so in the warnings.
     """
 
     def __init__(
@@ -79,7 +80,7 @@ class ClusterTrace(Trace):
         self.gather_s = 0.0
         self.gathers: list[float] = []  # seconds each gathering from the workers took (live ones, then the last)
         self._shift = dict(clock_shift_ns or {})
-        self.worker_others = others  # each worker's Trace(others=...); None: its GPUWB_TRACE_OTHERS decides
+        self.worker_others = others  # each worker's Trace(others=...); None: the worker's default
         self._order: list[str] = []  # worker addresses in order of first sight
         self._info: dict[str, dict[str, Any]] = {}
         self._blocks: dict[str, list[dict[str, Any]]] = {}
