@@ -272,7 +272,15 @@ def child(mode: str) -> None:
         t.wait_pending()
         t._thread.join(5)
     elif mode == "idle-prepared":
-        gw.cupti.prepare()
+        gw.cupti.prepare()  # CUPTI attached, a source parked for LINGER_S: the loop runs while it lingers
+    elif mode == "idle-after-linger":
+        gw.cupti.LINGER_S = 0.05
+        with gw.trace() as t:
+            loop(500)
+        t.wait_pending()
+        deadline = time.monotonic() + 5
+        while not gw.cupti.detached() and time.monotonic() < deadline:
+            loop(10)  # CUPTI is let go at a CUDA call's exit
     emit(mode=mode, us=statistics.median(loop() for _ in range(9)))
 
 
@@ -328,9 +336,10 @@ def cost() -> None:
         what="first trace of a process around one pipeline run (fresh processes, 1 s after setup)",
         **{m: {"median_ms": statistics.median(v), "all": [round(x, 2) for x in v]} for m, v in first.items() if v},
     )
-    idle = run_children(["never", "idle-prepared", "idle-after-trace"], 6, "us")
+    idle = run_children(["never", "idle-prepared", "idle-after-trace", "idle-after-linger"], 6, "us")
     emit(
-        what="empty-launch loop, us per launch, in processes that never traced / only prepared / traced once",
+        what="empty-launch loop, us per launch, in processes that never traced / only prepared / traced once (CUPTI "
+        "lingering) / traced once, linger over (CUPTI let go)",
         **{m: {"median_us": statistics.median(v), "all": [round(x, 3) for x in v]} for m, v in idle.items() if v},
     )
 

@@ -1,11 +1,14 @@
-"""What a fresh trace costs around one 16 x 64 MiB pipeline run, and where that time goes (needs a CUDA GPU, CuPy and
-cupti-python).
+"""What a fresh trace costs around one 16 x 64 MiB pipeline run, against the same run in a process state as if it
+never traced (needs a CUDA GPU, CuPy and cupti-python).
 
-    python benchmarks/bench_trace_start.py [--pairs 10] [--json out.json]
+    python benchmarks/bench_trace_start.py [--rounds 10] [--json out.json]
 
-ABBA pairs of one ``Pipeline.run`` untraced and inside a fresh ``gw.trace()``, back to back and with 0.2 s between
-runs (as between notebook cells), with timers around the trace's start and CUPTI's start and stop; then
-``with gw.trace(): pass``.
+Per round, in alternating order, 0.2 s between runs (as between notebook cells), four runs:
+``untraced``: CUPTI let go first (``cupti.let_go``: the state of a process that never traced);
+``traced``: inside a fresh ``gw.trace()`` that takes over the source a trace 0.2 s before left lingering;
+``untraced, lingering``: no trace, while a source lingers (what an untraced cell pays within ``cupti.LINGER_S``);
+``traced, after the linger``: CUPTI let go first, so the trace attaches it again.
+Then ``with gw.trace(): pass`` taking over a lingering source, with timers on the trace's start.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_any_cuda import pipeline_setup, traced_pairs  # noqa: E402
+from bench_any_cuda import pipeline_setup  # noqa: E402
 
 from gpuworkbench.trace import cupti as cupti_source  # noqa: E402
 from gpuworkbench.trace import recorder  # noqa: E402
+from gpuworkbench.trace.spans import KIND_CODE  # noqa: E402
 
 TIMES: dict[str, list[float]] = {}
+GAP_S = 0.2
 
 
 def _timed(owner: object, name: str, label: str) -> None:
@@ -39,39 +44,80 @@ def _timed(owner: object, name: str, label: str) -> None:
     setattr(owner, name, wrapper)
 
 
+def _empty_trace(gw) -> None:
+    with gw.trace() as t:
+        pass
+    t.wait_pending()  # its harvester parks the source as it ends
+
+
+def run(gw, pipe, inputs, outputs, mode: str) -> float:
+    """One timed run of ``mode`` after its untimed setup and the gap; ms."""
+    if mode in ("untraced", "traced, after the linger"):
+        if not cupti_source.let_go():
+            raise SystemExit("CUPTI could not be let go")
+    else:
+        _empty_trace(gw)
+    time.sleep(GAP_S)
+    t0 = time.perf_counter()
+    if mode.startswith("traced"):
+        with gw.trace() as t:
+            pipe.run(inputs, outputs)
+    else:
+        t = None
+        pipe.run(inputs, outputs)
+    ms = (time.perf_counter() - t0) * 1e3
+    if t is not None:
+        t.wait_pending()
+        kernels = int((t.table()["kind"] == KIND_CODE["kernel"]).sum()) if len(t) else 0
+        if kernels < len(inputs):
+            raise SystemExit(f"{mode}: the trace holds {kernels} kernels, {len(inputs)} launched")
+    return ms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=10, help="ABBA pairs per spacing (default 10)")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of the four runs (default 10)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    _timed(recorder.Trace, "start", "Trace.start")
-    _timed(recorder.Trace, "_start_cupti", "CUPTI start for the trace (waits for the last trace's hand-over)")
-    _timed(cupti_source.CuptiSource, "start", "CuptiSource.start")
-    _timed(cupti_source.CuptiSource, "stop", "CuptiSource.stop")
     gw, _dev, pipe, inputs, outputs = pipeline_setup()
-    with gw.trace():
+    with gw.trace() as t:
         pipe.run(inputs[:1], outputs[:1])
+    t.wait_pending()
+    modes = ["untraced", "traced", "untraced, lingering", "traced, after the linger"]
+    ms: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(args.rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            ms[mode].append(run(gw, pipe, inputs, outputs, mode))
+    base = ms["untraced"]
     results = []
-    for gap in (0.0, 0.2):
-        TIMES.clear()
-        pairs = traced_pairs(gw, pipe, inputs, outputs, args.pairs, gap)
+    for mode in modes:
         row = {
-            "what": f"pipeline 16x64MiB, fresh trace per traced run, {gap} s between runs",
-            "untraced_ms": statistics.median(p["untraced"] for p in pairs),
-            "traced_ms": statistics.median(p["traced"] for p in pairs),
-            "delta_ms_median": statistics.median(p["traced"] - p["untraced"] for p in pairs),
-            "ratio_median": statistics.median(p["traced"] / p["untraced"] for p in pairs),
-            "timers_ms_median": {k: statistics.median(v) for k, v in TIMES.items()},
+            "what": f"pipeline 16x64MiB: {mode}",
+            "ms_median": statistics.median(ms[mode]),
+            "delta_ms_median_of_rounds": statistics.median(a - b for a, b in zip(ms[mode], base)),
+            "ratio_median_of_rounds": statistics.median(a / b for a, b in zip(ms[mode], base)),
+            "all": [round(x, 2) for x in ms[mode]],
         }
         results.append(row)
         print(json.dumps(row), flush=True)
+    _timed(recorder.Trace, "start", "Trace.start")
+    _timed(cupti_source.CuptiSource, "start", "CuptiSource.start")
+    _timed(cupti_source.CuptiSource, "stop", "CuptiSource.stop (on the harvest thread)")
     empty = []
+    _empty_trace(gw)
     for _ in range(30):
+        time.sleep(0.02)
         t0 = time.perf_counter()
-        with gw.trace():
+        with gw.trace() as t:
             pass
         empty.append((time.perf_counter() - t0) * 1e3)
-    row = {"what": "with gw.trace(): pass", "ms_median": statistics.median(empty), "ms_max": max(empty)}
+        t.wait_pending()
+    row = {
+        "what": "with gw.trace(): pass, taking over a lingering source",
+        "ms_median": statistics.median(empty),
+        "ms_max": max(empty),
+        "timers_ms_median": {k: statistics.median(v) for k, v in TIMES.items()},
+    }
     results.append(row)
     print(json.dumps(row), flush=True)
     if args.json:

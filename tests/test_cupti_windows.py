@@ -8,6 +8,7 @@ import struct
 import time
 
 import numpy as np
+import pytest
 
 from gpuworkbench.trace import cupti as cupti_mod
 from gpuworkbench.trace.cupti_join import ExternalIdJoin
@@ -16,6 +17,15 @@ from gpuworkbench.trace.spans import KIND_CODE
 
 MAIN, OTHER = 0x7F92_2C5C_2140, 0x7F8F_B4CE_F6C0  # pthread_self() values; CUPTI reports their low 32 bits
 LOW = 0xFFFF_FFFF
+
+
+@pytest.fixture(autouse=True)
+def _nanosecond_timestamps(monkeypatch):
+    """Hand-made records carry nanoseconds: a torch.profiler run earlier in this process (the GPU tests) may have
+    left CUPTI's timestamps marked as ticks, which would rescale them."""
+    monkeypatch.setattr(cupti_mod, "_TICKS", False)
+    monkeypatch.setattr(cupti_mod, "_TICK_REF", None)
+    monkeypatch.setattr(cupti_mod, "_TICKS_PER_NS", 1.0)
 
 
 class Done:
@@ -130,6 +140,28 @@ def test_raw_buffers_join_kernels_to_the_ops_whose_windows_hold_their_calls():
     rows = ops.harvest(1, np.array([0]))
     assert rows["name"].tolist() == ["op1", "op2"] and rows["end_ns"].tolist() == [10_100, 10_900]
     assert src.unplaced_calls == 1
+
+
+def test_a_source_taking_over_parked_kinds_drops_records_of_work_that_ended_before():
+    """A source that takes over kinds left on (``cupti.LINGER_S``) may receive records from before its start, still in
+    CUPTI's buffers: API calls that started and work that ended before its cutoff are dropped."""
+    src, ops = offline_source(), CuptiOps()
+    src._cutoff = 3_000
+    launch(ops, 1, 3_050, 3_200)
+    ops.take_rows(1)
+    data = b"".join(
+        [
+            api_record(1_500, MAIN & LOW, 7),  # parked time: dropped with its kernel
+            api_record(3_100, MAIN & LOW, 9),
+            kernel_record(2_000, 2_900, 7),
+            kernel_record(2_950, 3_400, 8),  # ran across the take-over: kept
+            kernel_record(10_400, 10_900, 9),
+        ]
+    )
+    src._ingest(data)
+    out = src.flush_columns(eager=True, full=False, resolve=ops.resolve)
+    assert out["start"].tolist() == [2_950, 10_400] and out["external_id"].tolist() == [-1, 1]
+    assert src.incomplete_records == 0  # dropped for the cutoff, not counted as incomplete
 
 
 class FakeClock:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .cupti_detach import Deadline, ExitDetach
 from .cupti_join import ExternalIdJoin
 from .spans import pack_dim3
 
@@ -64,6 +65,11 @@ FLUSH_IDLE_S: float | None = 0.05
 FLUSH_MAX_S = 0.1
 #: Empty buffers kept for reuse once CUPTI hands them back; more are freed.
 POOL_MAX = 8
+#: Seconds CUPTI stays attached with its kinds on after the last trace that used it stops (``stop`` parks the source):
+#: a trace started meanwhile takes it over without enabling anything. Then it is let go (``cuptiFinalize``), because an
+#: attached CUPTI slows every launch of the process, traced or not (see ``cupti_detach.py``); the next trace attaches
+#: again (~10 ms on an H200). 0: let go as each trace ends.
+LINGER_S = float(os.environ.get("GPUWB_CUPTI_LINGER_S", "30"))
 #: Flushes an activity record waits for its external id before it is handed out with ``external_id`` -1.
 HOLD_FLUSHES = 2
 #: Flushes an external-correlation entry is kept once an activity record has used it (graph launches share one).
@@ -199,6 +205,11 @@ _DIM_FIELDS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 _STATE_LOCK = threading.Lock()
 
 _ACTIVE: CuptiSource | None = None
+#: The source left running after its trace stopped (see ``LINGER_S``), and the number of its parking.
+_PARKED: CuptiSource | None = None
+_PARK_TOKEN = 0
+#: A detach waiting for the next CUDA call's exit (kinds already off).
+_DETACH: ExitDetach | None = None
 _RAW: _RawCupti | None = None
 _AVAILABLE: tuple[bool, str] | None = None
 
@@ -584,6 +595,16 @@ def _calibrate(raw: int, host_ns: int) -> None:
         _TICKS_PER_NS = 1.0 if abs(rate - 1.0) < 1e-4 else rate
 
 
+def _await_rate() -> None:
+    """A rate needs a sample over 1 ms after the reference one: a flush sooner waits out the rest (its records would
+    otherwise be read as nanoseconds; seen on an H200 as a trace right after torch.profiler missing its kernels)."""
+    ref = _TICK_REF
+    if ref is not None and _TICKS_PER_NS == 1.0:
+        left = 1_100_000 - (time.perf_counter_ns() - ref[1])
+        if left > 0:
+            time.sleep(left / 1e9)
+
+
 def _to_ns(ticks: Any) -> Any:
     """CUPTI timestamps (an int or an int64 array) in nanoseconds, on the line through the reference sample."""
     if not _TICKS or _TICK_REF is None or _TICKS_PER_NS == 1.0:
@@ -619,6 +640,7 @@ class CuptiSource:
         self._read_names = True  # False once CUPTI's records turn out larger or smaller than the dtype says
         self._extras: dict[str, list[dict[str, np.ndarray]]] = {"api": [], "memory": [], "marker": []}
         self._k_memory = self._k_marker = -1
+        self._cutoff = 0  # CUPTI ns: records of work that ended before (taken over from a parked source) are dropped
         self._api_names: dict[int, dict[int, str]] = {0: {}, 1: {}}
         self._tables_ready = False
         self._names: dict[int, str] = {0: ""}  # kernel name pointer -> name
@@ -680,20 +702,10 @@ class CuptiSource:
                 if not self._tables_ready:  # once per source
                     self._setup_tables(cupti)
                     self._tables_ready = True
-                _ACTIVE = self  # before enabling, so that no buffer completes without a receiver
-                if not self._raw.ours:
-                    self._raw.register()
-                for name in ACTIVITY_KINDS + API_CARRIER_KINDS:
-                    kind = cupti.ActivityKind[name]
-                    cupti.activity_enable(kind)
-                    self._enabled.append(kind)
-                self.api_filtered = API_FILTER and bool(API_CARRIER_KINDS) and self._filter_api(True)
-                for name in OPTIONAL_KINDS:
-                    kind = getattr(cupti.ActivityKind, name, None)
-                    if kind is not None:
-                        with contextlib.suppress(Exception):  # an older CUPTI: allocations and NVTX not seen
-                            cupti.activity_enable(kind)
-                            self._enabled.append(kind)
+                if not self._take_parked(cupti):
+                    _cancel_detach()
+                    _ACTIVE = self  # before enabling, so that no buffer completes without a receiver
+                    self._enable(cupti)
             except CuptiUnavailable:
                 self._disable_all()
                 _ACTIVE = None
@@ -708,21 +720,55 @@ class CuptiSource:
             self.session += 1
             self._running = True
 
+    def _enable(self, cupti: Any) -> None:
+        if not self._raw.ours:
+            self._raw.register()
+        for name in ACTIVITY_KINDS + API_CARRIER_KINDS:
+            kind = cupti.ActivityKind[name]
+            cupti.activity_enable(kind)
+            self._enabled.append(kind)
+        self.api_filtered = API_FILTER and bool(API_CARRIER_KINDS) and self._filter_api(True)
+        for name in OPTIONAL_KINDS:
+            kind = getattr(cupti.ActivityKind, name, None)
+            if kind is not None:
+                with contextlib.suppress(Exception):  # an older CUPTI: allocations and NVTX not seen
+                    cupti.activity_enable(kind)
+                    self._enabled.append(kind)
+
+    def _take_parked(self, cupti: Any) -> bool:
+        """Take over the kinds a stopped source left on (under ``_STATE_LOCK``): nothing to enable; records of work
+        that ended before now (still in CUPTI's buffers) are dropped by ``_cutoff``."""
+        global _ACTIVE, _PARKED, _PARK_TOKEN
+        parked = _PARKED
+        if parked is None:
+            return False
+        _PARKED, _PARK_TOKEN = None, _PARK_TOKEN + 1
+        _LINGER.disarm()
+        self._enabled, parked._enabled = parked._enabled, []
+        self.api_filtered = parked.api_filtered
+        self._cutoff = int(_to_ns(int(cupti.get_timestamp())))
+        _ACTIVE = self
+        return True
+
     def stop(self) -> None:
-        """Forced flush, disable the kinds, detach from the callbacks; idempotent. ``flush()`` then returns the rest."""
+        """Forced flush (this source's last records), then park: the kinds stay on for ``LINGER_S`` for the next
+        source to take over; idempotent. ``flush()`` then returns the rest."""
         global _ACTIVE
         if not self._running:
             return
         raw = self._raw
         if raw is not None:
             raw.flush_all(1)
-        self._disable_all()
-        if raw is not None:
-            raw.flush_all(1)
         with _STATE_LOCK:
             if _ACTIVE is self:
                 _ACTIVE = None  # CUPTI has no "unregister": our callbacks now drop what comes
             self._running = False
+            if self._enabled and not self._frozen:
+                _park(self)
+                return
+        self._disable_all()
+        if raw is not None:
+            raw.flush_all(1)
 
     def freeze(self) -> None:
         """Another CUPTI client took CUPTI over: never flush it again (that would hand the other tool's buffers
@@ -785,6 +831,7 @@ class CuptiSource:
             blob, ends = self._take_incoming()
             if _TICKS and ends:
                 with contextlib.suppress(Exception):  # calibrates with a sample later than every record here
+                    _await_rate()
                     self.clock_sample()
             try:
                 cols, ext, calls = self._decode(blob, ends, full, calls=resolve is not None)
@@ -856,6 +903,7 @@ class CuptiSource:
 
     def _reset(self) -> None:
         self._enabled = []
+        self._cutoff = 0
         self._extras = {"api": [], "memory": [], "marker": []}
         self._take_incoming()
         self._pushed = False
@@ -1018,6 +1066,7 @@ class CuptiSource:
         api = None
         if calls or full:
             api_rows = at[(kinds == self._k_api[0]) | (kinds == self._k_api[1])]
+            api_rows = self._after_cutoff(api_rows, "api", "start", column)
             api = {
                 "thread": column(api_rows, "api", "thread_id").astype(np.int64),
                 "start": _to_ns(column(api_rows, "api", "start").astype(np.int64)),
@@ -1035,13 +1084,13 @@ class CuptiSource:
             if not calls:
                 api = None
         if self._k_memory >= 0:
-            rows = at[kinds == self._k_memory]
+            rows = self._after_cutoff(at[kinds == self._k_memory], "memory", "timestamp", column)
             if rows.size:
                 memory = {f: column(rows, "memory", f).astype(np.int64) for f in self._fields["memory"]}
                 memory["timestamp"] = _to_ns(memory["timestamp"])
                 self._extras["memory"].append(memory)
         if self._k_marker >= 0:
-            rows = at[kinds == self._k_marker]
+            rows = self._after_cutoff(at[kinds == self._k_marker], "marker", "timestamp", column)
             if rows.size:
                 marks = {f: column(rows, "marker", f).astype(np.int64) for f in self._fields["marker"]}
                 marks["timestamp"] = _to_ns(marks["timestamp"])
@@ -1098,11 +1147,20 @@ class CuptiSource:
         names = ("row", *wanted, "runtime_correlation_id")
         cols = dict(zip(names, groups[0] if len(groups) == 1 else map(np.concatenate, zip(*groups))))
         start, end = cols["start"], cols["end"] = _to_ns(cols["start"]), _to_ns(cols["end"])
-        keep = np.flatnonzero((start > 0) & (end >= start))
-        self.incomplete_records += start.size - keep.size
+        valid = (start > 0) & (end >= start)
+        self.incomplete_records += start.size - int(np.count_nonzero(valid))
+        if self._cutoff:
+            valid &= end >= self._cutoff
+        keep = np.flatnonzero(valid)
         if len(groups) > 1:
             keep = keep[np.argsort(cols["row"][keep], kind="stable")]
         return {name: col[keep] for name, col in cols.items() if name != "row"}, ext, api
+
+    def _after_cutoff(self, rows: np.ndarray, struct: str, field: str, column: Any) -> np.ndarray:
+        """The rows whose ``field`` (a CUPTI timestamp) is not before ``_cutoff``."""
+        if not self._cutoff or not rows.size:
+            return rows
+        return rows[_to_ns(column(rows, struct, field).astype(np.int64)) >= self._cutoff]
 
     def _name_pointers(self, rows: np.ndarray, column: Any) -> np.ndarray:
         """The name pointers of the kernel records at ``rows`` (0 where the layout is not trusted): strings are read
@@ -1174,10 +1232,90 @@ _PREPARED = False
 ATTACH_EARLY = True
 
 
+def _park(source: CuptiSource) -> None:
+    """Leave ``source``'s kinds on for ``LINGER_S`` (under ``_STATE_LOCK``); then ``_linger_over`` lets CUPTI go."""
+    global _PARKED, _PARK_TOKEN
+    _PARKED, _PARK_TOKEN = source, _PARK_TOKEN + 1
+    _LINGER.arm(LINGER_S, _PARK_TOKEN)
+
+
+def _unpark() -> bool:
+    """Turn the parked source's kinds off and drop what CUPTI still holds (under ``_STATE_LOCK``); False if none."""
+    global _PARKED, _PARK_TOKEN
+    source = _PARKED
+    if source is None:
+        return False
+    _PARKED, _PARK_TOKEN = None, _PARK_TOKEN + 1
+    _LINGER.disarm()
+    source._disable_all()
+    if _RAW is not None:
+        _RAW.flush_all(1)  # no source is active: the callbacks drop these records
+    return True
+
+
+def _linger_over(token: int) -> None:
+    """No trace took the parked source over in time: kinds off, then CUPTI finalized at the next CUDA call's exit."""
+    global _DETACH
+    with _STATE_LOCK:
+        if token != _PARK_TOKEN or not _unpark() or _RAW is None:
+            return
+        detach = ExitDetach(_RAW.lib, _detached)
+        if not detach.arm():
+            _DETACH = detach
+
+
+def _detached() -> None:
+    """Right after ``cuptiFinalize`` (inside a CUDA call, on its thread): what CUPTI forgot must be set again."""
+    global _API_FILTER_SET, _TICK_REF, _TICKS_PER_NS
+    if _RAW is not None:
+        _RAW.ours = False
+    _API_FILTER_SET = False
+    _TICK_REF, _TICKS_PER_NS = None, 1.0  # another tool's timestamp callback may be gone with it: learn the rate again
+
+
+def _cancel_detach() -> None:
+    """A source starts (under ``_STATE_LOCK``): a detach not done yet is called off; one under way is waited for."""
+    global _DETACH
+    detach, _DETACH = _DETACH, None
+    if detach is not None:
+        detach.cancel()
+
+
+def detached() -> bool:
+    """Whether CUPTI is let go: no source records or lingers, and no detach waits for a CUDA call."""
+    return _ACTIVE is None and _PARKED is None and (_DETACH is None or _DETACH.done.is_set())
+
+
+def let_go() -> bool:
+    """Let CUPTI go now rather than after ``LINGER_S``: a parked source's kinds off, then ``cuptiFinalize`` on this
+    thread. Only where no other thread makes CUDA calls (CUPTI asks for a call's exit otherwise); for benchmarks that
+    need a process as if it never traced. False if a source records or another tool holds CUPTI."""
+    if _ACTIVE is not None or _RAW is None or other_client():
+        return False
+    with _STATE_LOCK:
+        _unpark()
+        _cancel_detach()
+        if _ACTIVE is not None:
+            return False
+        lib = _RAW.lib
+        lib.cuptiFinalize.restype = ctypes.c_int
+        if lib.cuptiFinalize():
+            return False
+        _detached()
+    return True
+
+
+_LINGER = Deadline(_linger_over, "gpuworkbench-cupti-linger")
+
+
 def hand_over() -> None:
-    """Before another tool (torch.profiler) takes CUPTI: CUPTI's buffer callbacks given back to Kineto where it is
-    loaded (it may register them only once per process: after a trace of ours its next session would otherwise send
-    its records to us; measured: torch.profiler then saw 0 kernels)."""
+    """Before another tool (torch.profiler) takes CUPTI: a parked source's kinds turned off and a pending detach
+    called off (one subscriber per process: Kineto subscribes too); CUPTI's buffer callbacks given back to Kineto
+    where it is loaded (it may register them only once per process: after a trace of ours its next session would
+    otherwise send its records to us; measured: torch.profiler then saw 0 kernels)."""
+    with _STATE_LOCK:
+        _unpark()
+        _cancel_detach()
     raw = _RAW
     if raw is not None and _ACTIVE is None:
         raw.hand_back()
@@ -1216,8 +1354,9 @@ def other_client() -> str:
 
 def prepare() -> None:
     """Do once what makes the first CUPTI trace slow: import cupti-python (~60 ms on the H100 machine), open libcupti
-    and, with ``ATTACH_EARLY``, attach CUPTI (~20 ms; nothing is recorded until a trace starts) and start and stop
-    a source once (CUPTI's first enabling of the kinds). On the calling thread only: CUPTI set up from a thread
+    and, with ``ATTACH_EARLY``, attach CUPTI (~20 ms; nothing is recorded until a trace starts) and start a source
+    and park it (``stop``): a trace within ``LINGER_S`` takes it over at no cost. On the calling thread only: CUPTI
+    set up from a thread
     beside the user's CUDA calls made later CUDA calls fail ('context is destroyed').
     ``%load_ext gpuworkbench`` calls it; so does the first trace that meets CUDA. Never raises."""
     global _PREPARED
@@ -1246,11 +1385,15 @@ def prepare() -> None:
 
 
 def _stop_active_at_exit() -> None:
-    """Stop the active source before the interpreter goes: CUPTI must not call into a finalizing Python."""
+    """Stop the active or parked source and call off a detach before the interpreter goes: CUPTI must not call into
+    a finalizing Python."""
     source = _ACTIVE
     if source is not None:
         with contextlib.suppress(Exception):
-            source.stop()
+            source.stop()  # parks it: turned off just below
+    with contextlib.suppress(Exception), _STATE_LOCK:
+        _unpark()
+        _cancel_detach()
 
 
 atexit.register(_stop_active_at_exit)

@@ -1,0 +1,221 @@
+"""CUPTI's lifetime across traces: a stopped source parks with its kinds on, the next takes it over without enabling
+anything, and after ``LINGER_S`` CUPTI is let go (``cuptiFinalize`` at a CUDA call's exit). A fake cupti module and a
+fake libcupti stand in for the real ones: runs without a GPU. On a GPU, tests/test_cuda_any_code.py checks that the
+next trace still sees every kernel, and benchmarks/probes/cupti_idle.py what an idle process pays."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+from gpuworkbench.trace import cupti as cupti_mod
+from gpuworkbench.trace.cupti_detach import Deadline, ExitDetach
+
+ENTER, EXIT = 0, 1
+
+
+class Fn:
+    """A fake foreign function: callable, and takes ``argtypes``/``restype`` as ctypes' do."""
+
+    def __init__(self, body) -> None:
+        self.body = body
+
+    def __call__(self, *args):
+        return self.body(*args)
+
+
+class FakeLib:
+    """libcupti's subscriber calls; ``api_call()`` plays a CUDA call's entry and exit through the subscribed
+    callback."""
+
+    def __init__(self, subscribe_status: int = 0) -> None:
+        self.calls: list[str] = []
+        self.callback = None
+        self.subscribe_status = subscribe_status
+        self.cuptiSubscribe = Fn(self._subscribe)
+        self.cuptiEnableDomain = Fn(lambda on, sub, domain: self.calls.append(f"domain {domain} {on}") or 0)
+        self.cuptiUnsubscribe = Fn(lambda sub: self.calls.append("unsubscribe") or 0)
+        self.cuptiFinalize = Fn(lambda: self.calls.append("finalize") or 0)
+
+    def _subscribe(self, out, fn, userdata) -> int:
+        self.calls.append("subscribe")
+        if not self.subscribe_status:
+            self.callback = fn
+        return self.subscribe_status
+
+    def api_call(self) -> None:
+        for site in (ENTER, EXIT):
+            data = ctypes.c_int(site)
+            if self.callback is not None and "unsubscribe" not in self.calls:
+                self.callback(None, 1, 13, ctypes.addressof(data))
+
+
+class FakeRaw:
+    def __init__(self) -> None:
+        self.lib = FakeLib()
+        self.ours = False
+        self.flushes = 0
+        self.registered = 0
+
+    def register(self) -> None:
+        self.registered += 1
+        self.ours = True
+
+    def flush_all(self, forced: int) -> int:
+        self.flushes += 1
+        return 0
+
+    def hand_back(self) -> bool:
+        self.ours = False
+        return False
+
+
+@pytest.fixture
+def fake_cupti(monkeypatch):
+    kinds = enum.IntEnum(
+        "ActivityKind",
+        {
+            "CONCURRENT_KERNEL": 10,
+            "KERNEL": 3,
+            "MEMCPY": 1,
+            "MEMSET": 2,
+            "EXTERNAL_CORRELATION": 36,
+            "DRIVER": 6,
+            "RUNTIME": 7,
+        },
+    )
+    enabled: set[int] = set()
+    log: list[str] = []
+    module = types.SimpleNamespace(
+        ActivityKind=kinds,
+        activity_enable=lambda k: (enabled.add(int(k)), log.append(f"enable {k.name}")),
+        activity_disable=lambda k: (enabled.discard(int(k)), log.append(f"disable {k.name}")),
+        get_timestamp=lambda: 5_000,
+        activity_push_external_correlation_id=lambda kind, i: None,
+        activity_pop_external_correlation_id=lambda kind: None,
+    )
+    monkeypatch.setitem(sys.modules, "cupti", types.SimpleNamespace(cupti=module))
+    raw = FakeRaw()
+    monkeypatch.setattr(cupti_mod, "_raw_cupti", lambda c: raw)
+    monkeypatch.setattr(cupti_mod, "_RAW", raw)
+    monkeypatch.setattr(cupti_mod, "API_FILTER", False)
+    monkeypatch.setattr(cupti_mod, "OPTIONAL_KINDS", ())
+    for name, value in (("_ACTIVE", None), ("_PARKED", None), ("_DETACH", None), ("_TICKS", False)):
+        monkeypatch.setattr(cupti_mod, name, value)
+    monkeypatch.setattr(cupti_mod, "LINGER_S", 60.0)
+    yield types.SimpleNamespace(enabled=enabled, log=log, raw=raw)
+    with cupti_mod._STATE_LOCK:
+        cupti_mod._LINGER.disarm()
+
+
+def source() -> cupti_mod.CuptiSource:
+    s = cupti_mod.CuptiSource()
+    s._tables_ready = True  # the fake module has no enums or dtypes to make tables from
+    return s
+
+
+def test_a_stopped_source_parks_and_the_next_takes_its_kinds_over_without_enabling(fake_cupti):
+    first = source()
+    first.start()
+    assert fake_cupti.raw.registered == 1 and len(fake_cupti.enabled) == 6
+    first.stop()
+    assert not first.running and cupti_mod._PARKED is first and cupti_mod._ACTIVE is None
+    assert len(fake_cupti.enabled) == 6 and not any(e.startswith("disable") for e in fake_cupti.log)
+    fake_cupti.log.clear()
+    second = source()
+    second.start()
+    assert fake_cupti.log == [] and fake_cupti.raw.registered == 1  # nothing enabled or registered again
+    assert cupti_mod._ACTIVE is second and cupti_mod._PARKED is None and second._cutoff == 5_000
+    assert not cupti_mod._LINGER.armed
+    second.stop()
+    assert cupti_mod._PARKED is second and cupti_mod._LINGER.armed
+
+
+def test_after_the_linger_kinds_go_off_and_cupti_is_finalized_at_the_next_cuda_call(fake_cupti, monkeypatch):
+    monkeypatch.setattr(cupti_mod, "LINGER_S", 0.05)
+    monkeypatch.setattr(cupti_mod, "_API_FILTER_SET", True)
+    s = source()
+    s.start()
+    s.stop()
+    deadline = time.monotonic() + 5
+    while cupti_mod._DETACH is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fake_cupti.enabled == set() and cupti_mod._PARKED is None
+    lib = fake_cupti.raw.lib
+    assert lib.calls == ["subscribe", "domain 1 1"] and not cupti_mod.detached()  # waits for a CUDA call
+    lib.api_call()
+    assert lib.calls[2:] == ["unsubscribe", "finalize"] and cupti_mod.detached()
+    assert not fake_cupti.raw.ours and not cupti_mod._API_FILTER_SET  # CUPTI forgot both: set again on the next start
+    again = source()
+    again.start()
+    assert fake_cupti.raw.registered == 2 and len(fake_cupti.enabled) == 6 and again._cutoff == 0
+
+
+def test_a_start_calls_off_a_detach_that_has_not_happened(fake_cupti, monkeypatch):
+    monkeypatch.setattr(cupti_mod, "LINGER_S", 0.0)
+    s = source()
+    s.start()
+    s.stop()
+    deadline = time.monotonic() + 5
+    while cupti_mod._DETACH is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    lib = fake_cupti.raw.lib
+    again = source()
+    again.start()
+    assert lib.calls == ["subscribe", "domain 1 1", "unsubscribe"]  # called off: never finalized
+    assert fake_cupti.raw.registered == 1 and len(fake_cupti.enabled) == 6  # still attached: kinds on again
+    lib.api_call()
+    assert "finalize" not in lib.calls
+    again.stop()
+
+
+def test_another_tool_taking_cupti_turns_parked_kinds_off_and_calls_off_the_detach(fake_cupti):
+    s = source()
+    s.start()
+    s.stop()
+    cupti_mod.hand_over()
+    assert fake_cupti.enabled == set() and cupti_mod._PARKED is None and not cupti_mod._LINGER.armed
+
+
+def test_exit_detach_finalizes_once_on_the_first_exit_of_any_thread():
+    lib = FakeLib()
+    detached = []
+    d = ExitDetach(lib, lambda: detached.append(threading.current_thread().name))
+    assert d.arm() == 0
+    data = ctypes.c_int(ENTER)
+    d._on_api(None, 1, 13, ctypes.addressof(data))  # an entry: nothing yet
+    assert lib.calls == ["subscribe", "domain 1 1"] and not d.done.is_set()
+    threads = [threading.Thread(target=lib.api_call, name=f"t{i}") for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert lib.calls.count("finalize") == 1 and d.finalized and len(detached) == 1
+    assert d.cancel() is False  # too late: CUPTI is gone
+
+
+def test_exit_detach_refused_leaves_nothing_subscribed():
+    lib = FakeLib(subscribe_status=39)  # e.g. CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+    d = ExitDetach(lib, lambda: None)
+    assert d.arm() == 39 and d.done.is_set() and lib.callback is None
+
+
+def test_deadline_calls_with_the_last_armed_token_and_disarm_cancels():
+    got: list[int] = []
+    clock = Deadline(got.append, "test-deadline", idle_s=0.5)
+    clock.arm(10.0, 1)
+    clock.arm(0.02, 2)  # replaces the first
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert got == [2] and not clock.armed
+    clock.arm(0.05, 3)
+    clock.disarm()
+    time.sleep(0.15)
+    assert got == [2]
