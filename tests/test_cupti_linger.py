@@ -37,10 +37,11 @@ class FakeLib:
     def __init__(self, subscribe_status: int = 0) -> None:
         self.calls: list[str] = []
         self.callback = None
+        self.domain_on = False
         self.subscribe_status = subscribe_status
         self.cuptiSubscribe = Fn(self._subscribe)
-        self.cuptiEnableDomain = Fn(lambda on, sub, domain: self.calls.append(f"domain {domain} {on}") or 0)
-        self.cuptiUnsubscribe = Fn(lambda sub: self.calls.append("unsubscribe") or 0)
+        self.cuptiEnableDomain = Fn(self._enable_domain)
+        self.cuptiUnsubscribe = Fn(self._unsubscribe)
         self.cuptiFinalize = Fn(lambda: self.calls.append("finalize") or 0)
 
     def _subscribe(self, out, fn, userdata) -> int:
@@ -49,11 +50,23 @@ class FakeLib:
             self.callback = fn
         return self.subscribe_status
 
+    def _enable_domain(self, on, sub, domain) -> int:
+        self.calls.append(f"domain {domain} {on}")
+        self.domain_on = bool(on)
+        return 0
+
+    def _unsubscribe(self, sub) -> int:
+        self.calls.append("unsubscribe")
+        self.callback, self.domain_on = None, False
+        return 0
+
     def api_call(self) -> None:
+        """A CUDA call: its entry and exit reach the subscriber while its domain is on."""
         for site in (ENTER, EXIT):
             data = ctypes.c_int(site)
-            if self.callback is not None and "unsubscribe" not in self.calls:
-                self.callback(None, 1, 13, ctypes.addressof(data))
+            callback = self.callback
+            if callback is not None and self.domain_on:
+                callback(None, 1, 13, ctypes.addressof(data))
 
 
 class FakeRaw:
@@ -106,8 +119,10 @@ def fake_cupti(monkeypatch):
     monkeypatch.setattr(cupti_mod, "_RAW", raw)
     monkeypatch.setattr(cupti_mod, "API_FILTER", False)
     monkeypatch.setattr(cupti_mod, "OPTIONAL_KINDS", ())
-    for name, value in (("_ACTIVE", None), ("_PARKED", None), ("_DETACH", None), ("_TICKS", False)):
-        monkeypatch.setattr(cupti_mod, name, value)
+    for name in ("_ACTIVE", "_PARKED", "_DETACH"):
+        monkeypatch.setattr(cupti_mod, name, None)
+    monkeypatch.setattr(cupti_mod, "_TICKS", False)
+    monkeypatch.setattr(cupti_mod, "_ATTACHED", False)
     monkeypatch.setattr(cupti_mod, "LINGER_S", 60.0)
     yield types.SimpleNamespace(enabled=enabled, log=log, raw=raw)
     with cupti_mod._STATE_LOCK:
@@ -122,8 +137,10 @@ def source() -> cupti_mod.CuptiSource:
 
 def test_a_stopped_source_parks_and_the_next_takes_its_kinds_over_without_enabling(fake_cupti):
     first = source()
+    assert cupti_mod.detached()
     first.start()
-    assert fake_cupti.raw.registered == 1 and len(fake_cupti.enabled) == 6
+    assert fake_cupti.raw.registered == 1 and len(fake_cupti.enabled) == 6 and not cupti_mod.detached()
+    assert fake_cupti.raw.lib.calls == ["subscribe"]  # on the starting thread, no callback on yet
     first.stop()
     assert not first.running and cupti_mod._PARKED is first and cupti_mod._ACTIVE is None
     assert len(fake_cupti.enabled) == 6 and not any(e.startswith("disable") for e in fake_cupti.log)
@@ -143,11 +160,11 @@ def test_after_the_linger_kinds_go_off_and_cupti_is_finalized_at_the_next_cuda_c
     s = source()
     s.start()
     s.stop()
+    lib = fake_cupti.raw.lib
     deadline = time.monotonic() + 5
-    while cupti_mod._DETACH is None and time.monotonic() < deadline:
+    while not lib.domain_on and time.monotonic() < deadline:
         time.sleep(0.01)
     assert fake_cupti.enabled == set() and cupti_mod._PARKED is None
-    lib = fake_cupti.raw.lib
     assert lib.calls == ["subscribe", "domain 1 1"] and not cupti_mod.detached()  # waits for a CUDA call
     lib.api_call()
     assert lib.calls[2:] == ["unsubscribe", "finalize"] and cupti_mod.detached()
@@ -155,6 +172,7 @@ def test_after_the_linger_kinds_go_off_and_cupti_is_finalized_at_the_next_cuda_c
     again = source()
     again.start()
     assert fake_cupti.raw.registered == 2 and len(fake_cupti.enabled) == 6 and again._cutoff == 0
+    assert lib.calls[4:] == ["subscribe"]  # a new subscriber for the next detach
 
 
 def test_a_start_calls_off_a_detach_that_has_not_happened(fake_cupti, monkeypatch):
@@ -162,16 +180,16 @@ def test_a_start_calls_off_a_detach_that_has_not_happened(fake_cupti, monkeypatc
     s = source()
     s.start()
     s.stop()
-    deadline = time.monotonic() + 5
-    while cupti_mod._DETACH is None and time.monotonic() < deadline:
-        time.sleep(0.01)
     lib = fake_cupti.raw.lib
+    deadline = time.monotonic() + 5
+    while not lib.domain_on and time.monotonic() < deadline:
+        time.sleep(0.01)
     again = source()
     again.start()
-    assert lib.calls == ["subscribe", "domain 1 1", "unsubscribe"]  # called off: never finalized
+    assert lib.calls == ["subscribe", "domain 1 1", "domain 1 0"]  # called off: never finalized, still subscribed
     assert fake_cupti.raw.registered == 1 and len(fake_cupti.enabled) == 6  # still attached: kinds on again
     lib.api_call()
-    assert "finalize" not in lib.calls
+    assert "finalize" not in lib.calls and not cupti_mod.detached()
     again.stop()
 
 
@@ -181,15 +199,20 @@ def test_another_tool_taking_cupti_turns_parked_kinds_off_and_calls_off_the_deta
     s.stop()
     cupti_mod.hand_over()
     assert fake_cupti.enabled == set() and cupti_mod._PARKED is None and not cupti_mod._LINGER.armed
+    assert fake_cupti.raw.lib.calls[-1] == "unsubscribe" and cupti_mod._DETACH is None  # Kineto subscribes next
 
 
 def test_exit_detach_finalizes_once_on_the_first_exit_of_any_thread():
     lib = FakeLib()
     detached = []
     d = ExitDetach(lib, lambda: detached.append(threading.current_thread().name))
+    assert d.subscribe() == 0
+    lib.domain_on = True  # as if CUPTI called every subscriber: an unarmed detach ignores the calls
+    lib.api_call()
+    assert lib.calls == ["subscribe"] and not d.done.is_set()
     assert d.arm() == 0
     data = ctypes.c_int(ENTER)
-    d._on_api(None, 1, 13, ctypes.addressof(data))  # an entry: nothing yet
+    lib.callback(None, 1, 13, ctypes.addressof(data))  # an entry: nothing yet
     assert lib.calls == ["subscribe", "domain 1 1"] and not d.done.is_set()
     threads = [threading.Thread(target=lib.api_call, name=f"t{i}") for i in range(4)]
     for t in threads:
@@ -197,13 +220,27 @@ def test_exit_detach_finalizes_once_on_the_first_exit_of_any_thread():
     for t in threads:
         t.join()
     assert lib.calls.count("finalize") == 1 and d.finalized and len(detached) == 1
-    assert d.cancel() is False  # too late: CUPTI is gone
+    assert d.disarm() is False  # too late: CUPTI is gone
+
+
+def test_a_disarmed_detach_stays_subscribed_and_can_be_armed_again():
+    lib = FakeLib()
+    d = ExitDetach(lib, lambda: None)
+    d.subscribe()
+    d.arm()
+    assert d.disarm() is True and not lib.domain_on
+    lib.api_call()
+    assert "finalize" not in lib.calls
+    d.arm()
+    lib.api_call()
+    assert lib.calls[-2:] == ["unsubscribe", "finalize"] and d.finalized
 
 
 def test_exit_detach_refused_leaves_nothing_subscribed():
     lib = FakeLib(subscribe_status=39)  # e.g. CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
     d = ExitDetach(lib, lambda: None)
-    assert d.arm() == 39 and d.done.is_set() and lib.callback is None
+    assert d.subscribe() == 39 and not d.subscribed and lib.callback is None
+    assert d.arm() == -1 and not lib.domain_on
 
 
 def test_deadline_calls_with_the_last_armed_token_and_disarm_cancels():

@@ -208,8 +208,13 @@ _ACTIVE: CuptiSource | None = None
 #: The source left running after its trace stopped (see ``LINGER_S``), and the number of its parking.
 _PARKED: CuptiSource | None = None
 _PARK_TOKEN = 0
-#: A detach waiting for the next CUDA call's exit (kinds already off).
+#: CUPTI's callback subscriber while we have it attached: armed once the linger is over, it finalizes CUPTI at the
+#: next CUDA call's exit.
 _DETACH: ExitDetach | None = None
+#: Whether CUPTI is attached by us (callbacks registered or kinds enabled since the last ``cuptiFinalize``).
+_ATTACHED = False
+#: The CUPTI result of the last refused detach (0: none): CUPTI then stays attached.
+detach_refused = 0
 _RAW: _RawCupti | None = None
 _AVAILABLE: tuple[bool, str] | None = None
 
@@ -721,8 +726,11 @@ class CuptiSource:
             self._running = True
 
     def _enable(self, cupti: Any) -> None:
+        global _ATTACHED
+        _ATTACHED = True
         if not self._raw.ours:
             self._raw.register()
+        _subscribe_detach()  # here, on the thread starting the trace: not from a thread beside CUDA calls
         for name in ACTIVITY_KINDS + API_CARRIER_KINDS:
             kind = cupti.ActivityKind[name]
             cupti.activity_enable(kind)
@@ -1255,35 +1263,55 @@ def _unpark() -> bool:
 
 def _linger_over(token: int) -> None:
     """No trace took the parked source over in time: kinds off, then CUPTI finalized at the next CUDA call's exit."""
-    global _DETACH
+    global detach_refused
     with _STATE_LOCK:
-        if token != _PARK_TOKEN or not _unpark() or _RAW is None:
+        if token != _PARK_TOKEN or not _unpark() or _DETACH is None:
             return
-        detach = ExitDetach(_RAW.lib, _detached)
-        if not detach.arm():
-            _DETACH = detach
+        status = _DETACH.arm()
+        if status:
+            detach_refused = status  # CUPTI stays attached (kinds off): the next trace enables them again
+
+
+def _subscribe_detach() -> None:
+    """Hold CUPTI's callback subscriber for the detach (under ``_STATE_LOCK``), unless held already."""
+    global _DETACH, detach_refused
+    if _RAW is None or (_DETACH is not None and _DETACH.subscribed):
+        return
+    detach = ExitDetach(_RAW.lib, _detached)
+    status = detach.subscribe()
+    if status:
+        detach_refused = status  # another subscriber (Kineto's?): CUPTI stays attached after the linger
+    else:
+        _DETACH = detach
 
 
 def _detached() -> None:
     """Right after ``cuptiFinalize`` (inside a CUDA call, on its thread): what CUPTI forgot must be set again."""
-    global _API_FILTER_SET, _TICK_REF, _TICKS_PER_NS
+    global _API_FILTER_SET, _TICK_REF, _TICKS_PER_NS, _ATTACHED
+    _ATTACHED = False
     if _RAW is not None:
         _RAW.ours = False
     _API_FILTER_SET = False
     _TICK_REF, _TICKS_PER_NS = None, 1.0  # another tool's timestamp callback may be gone with it: learn the rate again
 
 
-def _cancel_detach() -> None:
-    """A source starts (under ``_STATE_LOCK``): a detach not done yet is called off; one under way is waited for."""
+def _cancel_detach(unsubscribe: bool = False) -> None:
+    """A source starts (under ``_STATE_LOCK``): an armed detach is called off, one under way waited for;
+    ``unsubscribe``: the subscriber is given up too (another tool subscribes next, or the process ends)."""
     global _DETACH
-    detach, _DETACH = _DETACH, None
-    if detach is not None:
-        detach.cancel()
+    detach = _DETACH
+    if detach is None:
+        return
+    if unsubscribe:
+        detach.unsubscribe()
+    elif detach.disarm():
+        return
+    _DETACH = None
 
 
 def detached() -> bool:
-    """Whether CUPTI is let go: no source records or lingers, and no detach waits for a CUDA call."""
-    return _ACTIVE is None and _PARKED is None and (_DETACH is None or _DETACH.done.is_set())
+    """Whether CUPTI is let go (or was never attached by us): no source records or lingers, none finalize waits."""
+    return not _ATTACHED
 
 
 def let_go() -> bool:
@@ -1294,7 +1322,7 @@ def let_go() -> bool:
         return False
     with _STATE_LOCK:
         _unpark()
-        _cancel_detach()
+        _cancel_detach(unsubscribe=True)
         if _ACTIVE is not None:
             return False
         lib = _RAW.lib
@@ -1315,7 +1343,7 @@ def hand_over() -> None:
     otherwise send its records to us; measured: torch.profiler then saw 0 kernels)."""
     with _STATE_LOCK:
         _unpark()
-        _cancel_detach()
+        _cancel_detach(unsubscribe=True)
     raw = _RAW
     if raw is not None and _ACTIVE is None:
         raw.hand_back()
@@ -1359,7 +1387,7 @@ def prepare() -> None:
     set up from a thread
     beside the user's CUDA calls made later CUDA calls fail ('context is destroyed').
     ``%load_ext gpuworkbench`` calls it; so does the first trace that meets CUDA. Never raises."""
-    global _PREPARED
+    global _PREPARED, _ATTACHED
     attached = False
     with _STATE_LOCK:
         if _PREPARED:
@@ -1374,6 +1402,7 @@ def prepare() -> None:
             raw = _raw_cupti(cupti)
             if ATTACH_EARLY and _ACTIVE is None and not other_client():
                 raw.register()  # attaches CUPTI; our callbacks drop what comes while no source is active
+                _ATTACHED = True
                 attached = True
         except Exception:  # noqa: BLE001  a trace reports why CUPTI cannot start when it tries
             pass
@@ -1393,7 +1422,7 @@ def _stop_active_at_exit() -> None:
             source.stop()  # parks it: turned off just below
     with contextlib.suppress(Exception), _STATE_LOCK:
         _unpark()
-        _cancel_detach()
+        _cancel_detach(unsubscribe=True)
 
 
 atexit.register(_stop_active_at_exit)

@@ -22,23 +22,40 @@ from typing import Any
 _CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
 _DRIVER_API_DOMAIN = 1  # CUPTI_CB_DOMAIN_DRIVER_API: every runtime call goes through the driver too
 _API_EXIT = 1  # CUPTI_API_EXIT, the first field (callbackSite) of CUpti_CallbackData
+#: The detach the callback serves. The callback itself is one trampoline for the process, never freed: a thread may
+#: still be inside it (returning early) when its subscriber goes.
+_CURRENT: ExitDetach | None = None
+_TRAMPOLINE: Any = None
+
+
+def _on_api(_userdata: Any, _domain: int, _cbid: int, data: Any) -> None:
+    """Every driver API call's entry and exit, on its thread, while a detach is subscribed."""
+    try:
+        detach = _CURRENT
+        if detach is not None and detach.armed and data and ctypes.c_int.from_address(data).value == _API_EXIT:
+            detach._exit()
+    except BaseException:  # noqa: BLE001  nothing may escape into a CUDA call
+        pass
 
 
 class ExitDetach:
-    """Finalizes CUPTI in the exit of the next driver API call on any thread; ``cancel`` stops waiting for one.
+    """Finalizes CUPTI in the exit of a driver API call on any thread, once armed; one per attachment of CUPTI.
 
+    ``subscribe`` where no other thread is inside a CUDA call is known to be safe: on the H200, subscribing while
+    another thread launched kernels crashed that thread in 3 of 5 runs; subscribing at attach time and enabling the
+    callbacks later from another thread did not (5 of 5). ``arm`` (any thread) enables the driver API's callbacks;
+    the first exit then unsubscribes and finalizes. ``disarm`` turns them off again unless that has begun.
     ``lib``: libcupti through ctypes. ``on_detached`` runs right after ``cuptiFinalize``, on that thread, inside the
-    CUDA call: it must only set flags. One use: ``arm`` once, then it finalizes or is cancelled."""
+    CUDA call: it must only set flags."""
 
     def __init__(self, lib: Any, on_detached: Callable[[], None]) -> None:
         self._lib = lib
         self._on_detached = on_detached
-        self._gate = threading.Lock()  # whoever takes it decides: the callback finalizes, ``cancel`` does not
+        self._gate = threading.Lock()  # held while armed is decided: the callback finalizes, ``disarm`` does not
         self._subscriber = ctypes.c_void_p()
-        self._fn = _CALLBACK(self._on_api)  # kept alive while subscribed
-        #: Set once unsubscribed, finalized or not.
+        self.subscribed = self.armed = False
+        #: Set once CUPTI is finalized (or the attempt failed: ``status``).
         self.done = threading.Event()
-        #: Whether CUPTI was finalized, and cuptiFinalize's result.
         self.finalized = False
         self.status = 0
         lib.cuptiSubscribe.argtypes = [ctypes.POINTER(ctypes.c_void_p), _CALLBACK, ctypes.c_void_p]
@@ -50,46 +67,66 @@ class ExitDetach:
         lib.cuptiFinalize.argtypes = []
         lib.cuptiFinalize.restype = ctypes.c_int
 
-    def arm(self) -> int:
-        """Subscribe to the driver API's callbacks; 0, or the CUPTI result that refused it (nothing left subscribed;
-        e.g. another subscriber such as Kineto's exists)."""
-        status = self._lib.cuptiSubscribe(ctypes.byref(self._subscriber), self._fn, None)
-        if status:
-            self.done.set()
-            return int(status)
-        status = self._lib.cuptiEnableDomain(1, self._subscriber, _DRIVER_API_DOMAIN)
-        if status:
-            self._lib.cuptiUnsubscribe(self._subscriber)
-            self.done.set()
-        return int(status)
+    def subscribe(self) -> int:
+        """Become CUPTI's callback subscriber, with no callback enabled; 0, or the CUPTI result that refused it
+        (e.g. another subscriber, such as Kineto's, exists)."""
+        global _CURRENT, _TRAMPOLINE
+        if _TRAMPOLINE is None:
+            _TRAMPOLINE = _CALLBACK(_on_api)
+        status = int(self._lib.cuptiSubscribe(ctypes.byref(self._subscriber), _TRAMPOLINE, None))
+        self.subscribed = not status
+        if self.subscribed:
+            _CURRENT = self
+        return status
 
-    def _on_api(self, _userdata: Any, _domain: int, _cbid: int, data: Any) -> None:
-        """Every driver API call's entry and exit, on its thread, until the first exit finalizes."""
+    def arm(self) -> int:
+        """Enable the driver API's callbacks: the next exit of a call finalizes CUPTI. 0, or CUPTI's refusal."""
+        if not self.subscribed or self.done.is_set():
+            return -1
+        with self._gate:
+            self.armed = True
+            status = int(self._lib.cuptiEnableDomain(1, self._subscriber, _DRIVER_API_DOMAIN))
+            if status:
+                self.armed = False
+        return status
+
+    def _exit(self) -> None:
+        """A CUDA call's exit: the first one while armed (on any thread) unsubscribes and finalizes."""
+        if not self.armed or not self._gate.acquire(blocking=False):
+            return  # not armed, another thread's exit is finalizing, or ``disarm`` is deciding
         try:
-            if not data or ctypes.c_int.from_address(data).value != _API_EXIT:
+            if not self.armed or self.done.is_set():
                 return
-            if not self._gate.acquire(blocking=False):
-                return  # another thread's exit is finalizing, or ``cancel`` won
             self._lib.cuptiUnsubscribe(self._subscriber)
+            self.subscribed = self.armed = False
             self.status = int(self._lib.cuptiFinalize())  # ctypes lets the GIL go meanwhile
             self.finalized = not self.status
             with contextlib.suppress(BaseException):
                 self._on_detached()
             self.done.set()
-        except BaseException:  # noqa: BLE001  nothing may escape into a CUDA call
-            pass
+        finally:
+            self._gate.release()
 
-    def cancel(self, timeout_s: float = 2.0) -> bool:
-        """Stop waiting for an API exit. True: CUPTI stays attached; False: it was (or is being) finalized, and this
-        waited up to ``timeout_s`` for that to end."""
+    def disarm(self, timeout_s: float = 2.0) -> bool:
+        """Turn the callbacks off again. True: CUPTI stays attached; False: it was finalized (this waited up to
+        ``timeout_s`` for a finalize under way)."""
         if self.done.is_set():
             return not self.finalized
-        if self._gate.acquire(blocking=False):
+        if not self._gate.acquire(timeout=timeout_s):
+            return not self.finalized
+        try:
+            if self.armed and not self.done.is_set():
+                self._lib.cuptiEnableDomain(0, self._subscriber, _DRIVER_API_DOMAIN)
+                self.armed = False
+            return not self.finalized
+        finally:
+            self._gate.release()
+
+    def unsubscribe(self) -> None:
+        """Let another client subscribe (before it starts) or leave at exit; finalizes nothing."""
+        if self.disarm() and self.subscribed:
             self._lib.cuptiUnsubscribe(self._subscriber)
-            self.done.set()
-            return True
-        self.done.wait(timeout_s)
-        return False
+            self.subscribed = False
 
 
 class Deadline:
