@@ -76,12 +76,16 @@ def ratio(num: list[float], den: list[float]) -> dict[str, float]:
 
 
 def traced_loop(fn: Callable[[], Any], sync: Callable[[], Any], count: int) -> float:
-    """µs per op inside a fresh trace, after 200 warm-up ops (CUPTI start and clock alignment are not timed)."""
-    with gw.trace():
+    """µs per op inside a fresh trace, after 200 warm-up ops (CUPTI start and clock alignment are not timed). CUPTI
+    is let go after it (``cupti.let_go``), so that untraced blocks run as in a process that never traced rather than
+    beside a lingering source."""
+    with gw.trace() as t:
         for _ in range(200):
             fn()
         sync()
         per_op = timed_round(fn, sync, count)[1]
+    t.wait_pending()
+    gw.cupti.let_go()
     return per_op
 
 

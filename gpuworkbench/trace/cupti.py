@@ -42,9 +42,11 @@ from .spans import pack_dim3
 #: Activity kinds enabled by :meth:`CuptiSource.start`, by their ``cupti.ActivityKind`` names.
 ACTIVITY_KINDS: tuple[str, ...] = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "EXTERNAL_CORRELATION")
 #: ... and where this CUPTI has them: device allocations and frees of every library (CUPTI_ACTIVITY_KIND_MEMORY2),
-#: and NVTX ranges (MARKER; NVTX reaches CUPTI only where ``NVTX_INJECTION64_PATH`` named libcupti before the first
-#: NVTX call of the process: ``prepare`` sets it when it is unset).
-OPTIONAL_KINDS: tuple[str, ...] = tuple(k for k in os.environ.get("GPUWB_CUPTI_OPTIONAL", "").split(",") if k)
+#: and NVTX ranges (MARKER; NVTX reaches CUPTI only where ``NVTX_INJECTION64_PATH`` named libcupti before the
+#: process's first NVTX call: set by the user, never by us). ``GPUWB_CUPTI_OPTIONAL=`` (empty) turns both off.
+OPTIONAL_KINDS: tuple[str, ...] = tuple(
+    k for k in os.environ.get("GPUWB_CUPTI_OPTIONAL", "MEMORY2,MARKER").split(",") if k
+)
 #: API record kinds enabled as carriers: CUPTI emits EXTERNAL_CORRELATION records only for API calls it records, and
 #: a trace places each call (its thread and start) in the window in which it enqueued one of its ops.
 API_CARRIER_KINDS: tuple[str, ...] = ("DRIVER", "RUNTIME")

@@ -1,0 +1,123 @@
+"""What CUPTI costs one 16 x 64 MiB pipeline run and an empty-kernel launch, per CUPTI state, with no trace recording
+(needs a CUDA GPU, CuPy and cupti-python; torch optional).
+
+    python benchmarks/probes/cupti_states.py [--rounds 8]
+
+States, set up untimed before each run, in alternating order: ``detached`` (CUPTI let go: as if never traced),
+``attached`` (attached, every kind off), ``kernels`` / ``copies`` / ``api`` (attached with only those kinds on),
+``all`` (a parked source: what the process runs with while CUPTI lingers). Then, where torch is installed, a fresh
+``torch.profiler.profile(activities=[CUDA])`` around the run against untraced runs with CUPTI let go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_any_cuda import pipeline_setup  # noqa: E402
+
+KINDS = {
+    "kernels": ("CONCURRENT_KERNEL",),
+    "copies": ("MEMCPY", "MEMSET"),
+    "api": ("DRIVER", "RUNTIME", "EXTERNAL_CORRELATION"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    args = parser.parse_args()
+    import cupy as cp
+    from cupti import cupti
+
+    from gpuworkbench.trace import cupti as source_mod
+
+    gw, _dev, pipe, inputs, outputs = pipeline_setup()
+    kernel = cp.RawKernel('extern "C" __global__ void e() {}', "e")
+
+    def launches(n: int = 3000) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            kernel((1,), (1,), ())
+        cp.cuda.Device().synchronize()
+        return (time.perf_counter() - t) / n * 1e6
+
+    def state(name: str) -> None:
+        source_mod.let_go()
+        if name == "detached":
+            return
+        source = source_mod.CuptiSource()
+        source.start()
+        source.stop()  # parks: every kind stays on
+        if name == "all":
+            return
+        with source_mod._STATE_LOCK:
+            source_mod._unpark()  # attached, every kind off
+        for kind in KINDS.get(name, ()):
+            cupti.activity_enable(cupti.ActivityKind[kind])
+
+    def pipeline_ms() -> float:
+        t = time.perf_counter()
+        pipe.run(inputs, outputs)
+        return (time.perf_counter() - t) * 1e3
+
+    names = ["detached", "attached", "kernels", "copies", "api", "all"]
+    ms: dict[str, list[float]] = {n: [] for n in names}
+    us: dict[str, list[float]] = {n: [] for n in names}
+    launches(500)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            state(name)
+            time.sleep(0.1)
+            ms[name].append(pipeline_ms())
+            us[name].append(launches())
+    source_mod.let_go()
+    for name in names:
+        row = {
+            "state": name,
+            "pipeline_ms": round(statistics.median(ms[name]), 3),
+            "pipeline_delta_ms": round(statistics.median(a - b for a, b in zip(ms[name], ms["detached"])), 3),
+            "launch_us": round(statistics.median(us[name]), 3),
+            "launch_ratio": round(statistics.median(a / b for a, b in zip(us[name], us["detached"])), 3),
+        }
+        print(json.dumps(row), flush=True)
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        return
+    torch.zeros(1, device="cuda")
+    pairs: list[tuple[float, float]] = []
+    for r in range(args.rounds):
+        pair = {}
+        for which in ("untraced", "profiled") if r % 2 == 0 else ("profiled", "untraced"):
+            source_mod.let_go()
+            time.sleep(0.1)
+            t = time.perf_counter()
+            if which == "profiled":
+                with profile(activities=[ProfilerActivity.CUDA]):
+                    pipe.run(inputs, outputs)
+            else:
+                pipe.run(inputs, outputs)
+            pair[which] = (time.perf_counter() - t) * 1e3
+        pairs.append((pair["untraced"], pair["profiled"]))
+    print(
+        json.dumps(
+            {
+                "what": "torch.profiler.profile(activities=[CUDA]) around the pipeline run, fresh each time",
+                "untraced_ms": round(statistics.median(u for u, _ in pairs), 3),
+                "profiled_ms": round(statistics.median(p for _, p in pairs), 3),
+                "delta_ms": round(statistics.median(p - u for u, p in pairs), 3),
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
