@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -163,3 +164,45 @@ def test_torch_profiler_inside_and_after_a_trace_still_records_its_kernels(cp):
     with gw.trace(others=True) as again:  # CUPTI is ours again once the profiler is done
         work()
     assert foreign(again.table(), "kernel").sum() >= 3 and not again.stats.warnings
+
+
+def test_a_lingering_cupti_is_taken_over_without_earlier_work_then_let_go_and_attached_again(cp, monkeypatch):
+    """A trace within ``LINGER_S`` of the last takes its source over: work launched between the two traces (recorded
+    by CUPTI meanwhile) is not in it. After the linger, CUPTI is finalized at the next CUDA call, and the next trace
+    attaches it again and sees every kernel."""
+    marker = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 3", "between_the_traces")
+    inside = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 5", "inside_the_trace")
+    x = cp.ones(1 << 16, cp.float32)
+    marker(x, x), inside(x, x)  # compiled before any trace
+    cp.cuda.Device().synchronize()
+    monkeypatch.setattr(cupti_source, "LINGER_S", 30.0)
+    with gw.trace(others=True) as first:
+        inside(x, x)
+    first.wait_pending()
+    assert cupti_source._PARKED is not None and not cupti_source.detached()
+    for _ in range(3):
+        marker(x, x)  # CUPTI records these while parked
+    cp.cuda.Device().synchronize()
+    with gw.trace(others=True) as second:
+        for _ in range(2):
+            inside(x, x)
+        cp.cuda.Device().synchronize()
+    names = second.table()["name"][foreign(second.table(), "kernel")].tolist()
+    assert sum("inside_the_trace" in n for n in names) == 2
+    assert not any("between_the_traces" in n for n in names)
+    second.wait_pending()
+    monkeypatch.setattr(cupti_source, "LINGER_S", 0.05)
+    with gw.trace(others=True) as third:
+        inside(x, x)
+    third.wait_pending()
+    deadline = time.monotonic() + 10
+    while not cupti_source.detached() and time.monotonic() < deadline:
+        marker(x, x)  # the detach happens at a CUDA call's exit
+        time.sleep(0.005)
+    assert cupti_source.detached(), f"CUPTI still attached (refused: {cupti_source.detach_refused})"
+    with gw.trace(others=True) as fourth:
+        for _ in range(4):
+            inside(x, x)
+        cp.cuda.Device().synchronize()
+    names = fourth.table()["name"][foreign(fourth.table(), "kernel")].tolist()
+    assert sum("inside_the_trace" in n for n in names) == 4 and not fourth.stats.warnings
