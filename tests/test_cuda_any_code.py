@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
-import time
 
 import numpy as np
 import pytest
@@ -166,10 +167,9 @@ def test_torch_profiler_inside_and_after_a_trace_still_records_its_kernels(cp):
     assert foreign(again.table(), "kernel").sum() >= 3 and not again.stats.warnings
 
 
-def test_a_lingering_cupti_is_taken_over_without_earlier_work_then_let_go_and_attached_again(cp, monkeypatch):
+def test_a_lingering_cupti_is_taken_over_without_the_work_launched_between_the_traces(cp, monkeypatch):
     """A trace within ``LINGER_S`` of the last takes its source over: work launched between the two traces (recorded
-    by CUPTI meanwhile) is not in it. After the linger, CUPTI is finalized at the next CUDA call, and the next trace
-    attaches it again and sees every kernel."""
+    by CUPTI meanwhile) is not in it."""
     marker = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 3", "between_the_traces")
     inside = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 5", "inside_the_trace")
     x = cp.ones(1 << 16, cp.float32)
@@ -190,19 +190,44 @@ def test_a_lingering_cupti_is_taken_over_without_earlier_work_then_let_go_and_at
     names = second.table()["name"][foreign(second.table(), "kernel")].tolist()
     assert sum("inside_the_trace" in n for n in names) == 2
     assert not any("between_the_traces" in n for n in names)
-    second.wait_pending()
-    monkeypatch.setattr(cupti_source, "LINGER_S", 0.05)
-    with gw.trace(others=True) as third:
+
+
+_LET_GO = """
+import time
+import cupy as cp
+import gpuworkbench as gw
+from gpuworkbench.trace import cupti
+from gpuworkbench.trace.spans import KIND_CODE
+cupti.LINGER_S = 0.05
+inside = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 5", "inside_the_trace")
+x = cp.ones(1 << 16, cp.float32)
+inside(x, x)
+cp.cuda.Device().synchronize()
+with gw.trace() as t:
+    inside(x, x)
+t.wait_pending()
+attached = not cupti.detached()
+deadline = time.monotonic() + 10
+while not cupti.detached() and time.monotonic() < deadline:
+    inside(x, x)  # the detach happens at a CUDA call's exit
+    time.sleep(0.005)
+print("attached after the trace", attached, "detached", cupti.detached(), "refused", cupti.detach_refused)
+with gw.trace() as t:
+    for _ in range(4):
         inside(x, x)
-    third.wait_pending()
-    deadline = time.monotonic() + 10
-    while not cupti_source.detached() and time.monotonic() < deadline:
-        marker(x, x)  # the detach happens at a CUDA call's exit
-        time.sleep(0.005)
-    assert cupti_source.detached(), f"CUPTI still attached (refused: {cupti_source.detach_refused})"
-    with gw.trace(others=True) as fourth:
-        for _ in range(4):
-            inside(x, x)
-        cp.cuda.Device().synchronize()
-    names = fourth.table()["name"][foreign(fourth.table(), "kernel")].tolist()
-    assert sum("inside_the_trace" in n for n in names) == 4 and not fourth.stats.warnings
+    cp.cuda.Device().synchronize()
+table = t.table()
+kernels = table["name"][table["kind"] == KIND_CODE["kernel"]].tolist()
+print("kernels", sum("inside_the_trace" in n for n in kernels), "warnings", len(t.stats.warnings))
+"""
+
+
+def test_cupti_is_let_go_after_the_linger_and_the_next_trace_attaches_it_again(cp):
+    """In a fresh process (torch.profiler, run by other tests here, keeps CUPTI's one callback subscriber, and the
+    detach is then refused): after the linger, CUPTI is finalized at the next CUDA call, and the next trace attaches
+    it again and sees every kernel."""
+    out = subprocess.run([sys.executable, "-c", _LET_GO], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-2] == "attached after the trace True detached True refused 0", out.stdout
+    assert lines[-1] == "kernels 4 warnings 0", out.stdout

@@ -215,7 +215,7 @@ _PARK_TOKEN = 0
 _DETACH: ExitDetach | None = None
 #: Whether CUPTI is attached by us (callbacks registered or kinds enabled since the last ``cuptiFinalize``).
 _ATTACHED = False
-#: The CUPTI result of the last refused detach (0: none): CUPTI then stays attached.
+#: The CUPTI result that refused the last detach's subscriber or arming (0: not refused); CUPTI then stays attached.
 detach_refused = 0
 _RAW: _RawCupti | None = None
 _AVAILABLE: tuple[bool, str] | None = None
@@ -1280,10 +1280,8 @@ def _subscribe_detach() -> None:
     if _RAW is None or (_DETACH is not None and _DETACH.subscribed):
         return
     detach = ExitDetach(_RAW.lib, _detached)
-    status = detach.subscribe()
-    if status:
-        detach_refused = status  # another subscriber (Kineto's?): CUPTI stays attached after the linger
-    else:
+    detach_refused = detach.subscribe()  # non-zero: another subscriber (Kineto's): CUPTI stays attached after it
+    if not detach_refused:
         _DETACH = detach
 
 
