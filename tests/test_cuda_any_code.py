@@ -105,7 +105,7 @@ def test_torch_work_its_streams_allocations_and_nvtx_ranges(cp):
     if os.environ.get("NVTX_INJECTION64_PATH"):  # NVTX reaches CUPTI only where it was pointed at it before use
         assert "matmul" in ranges
     del b, c
-    if "MEMORY2" in cupti_source.OPTIONAL_KINDS:  # allocation records are off unless enabled there
+    if "MEMORY2" in cupti_source.OPTIONAL_KINDS:  # on unless GPUWB_CUPTI_OPTIONAL leaves allocations out
         allocs = table["kind"] == KIND_CODE["alloc"]
         assert table["bytes"][allocs].sum() >= 64 << 20
         assert t.memory_table()["other_bytes"].max() >= 64 << 20

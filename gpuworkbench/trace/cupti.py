@@ -1406,7 +1406,8 @@ def prepare() -> None:
                 attached = True
         except Exception:  # noqa: BLE001  a trace reports why CUPTI cannot start when it tries
             pass
-    if attached:  # outside the lock, which start and stop take: CUPTI's first enabling of each kind, paid here
+    if attached:  # outside the lock, which start and stop take: CUPTI's first enabling of each kind, paid here;
+        # the source stays parked for a first trace to take over
         with contextlib.suppress(Exception):
             warm = CuptiSource()
             warm.start()

@@ -399,7 +399,7 @@ class Trace:
             owner._hurry.set()  # its next pass now: a forced flush brings the records of ops already done
             owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
         cupti_module.prepare()  # once per process; begun when a CUDA Device opened or at %load_ext
-        source = cupti_module.CuptiSource()  # one per trace, as CUPTI serves one trace at a time
+        source = cupti_module.CuptiSource()  # one per trace (it takes over a parked one's kinds: cupti.LINGER_S)
         _hook_torch_profiler()
         try:
             source.start()
