@@ -132,15 +132,17 @@ class Buffer:
     def _check_host(self, host: Any, *, writable: bool, asynchronous: bool) -> np.ndarray:
         if not isinstance(host, np.ndarray):
             raise InvalidArgument(f"host data must be a NumPy array, not {type(host).__name__}")
-        if host.dtype != self.dtype:
+        dtype = host.dtype
+        if dtype is not self.dtype and dtype != self.dtype:  # ``is``: NumPy's built-in dtypes are one object each
             raise InvalidArgument(
                 f"{self._describe()} holds {self.dtype}, host array is {host.dtype}; convert with .astype({self.dtype})"
             )
         if host.size != self._len:
             raise InvalidArgument(f"{self._describe()} holds {self._len} {self.dtype}, host array has {host.size}")
-        if writable and not host.flags.writeable:
+        flags = host.flags  # a new object per read
+        if writable and not flags.writeable:
             raise InvalidArgument("the destination host array is read-only")
-        if not host.flags.c_contiguous:
+        if not flags.c_contiguous:
             if asynchronous or writable:
                 raise InvalidArgument(
                     "async copies and copies into a host array need a C-contiguous array; use np.ascontiguousarray"
@@ -188,7 +190,10 @@ class Buffer:
             fn, args = backend.copy_d2h, (host, handle, 0, stream._raw)
         if stream._capture is None and not recorder.ACTIVE:  # _dispatch.enqueue_call's quiet branch, inlined
             completion = fn(*args, False)
-            stream._track(completion, host)  # the stream keeps ``host`` alive until the copy is done
+            stream._inflight.append((completion, host))  # Stream._track, inlined: ``host`` kept alive until done
+            stream._appended += 1
+            if stream._appended & 63 == 0:
+                stream._prune_now()
         else:
             nbytes = self.size_bytes
             name = name or _copy_name(kind, nbytes)

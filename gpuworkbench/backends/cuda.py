@@ -245,12 +245,14 @@ class CudaDevice(BackendDevice):
         return start
 
     def _finish(self, stream: Any, start: Any) -> Any:
-        if self._capturing and stream.ptr in self._capturing:
+        ptr = stream.ptr
+        if self._capturing and ptr in self._capturing:
             return _IN_GRAPH  # an event recorded now would be a capture node that no one may query
         if start is None:  # untimed: no event now; one is recorded on this stream when the completion is asked for
-            marks = self._marks.get(stream.ptr)
+            marks = self._marks.get(ptr)
             if marks is not None:
-                return marks.enqueued()
+                number = marks.issued = next(marks._numbers)  # StreamMarks.enqueued, inlined
+                return LazyCompletion(marks, number)
             return self._mark(stream)
         end = self._timed_events.take()
         end.record(stream)
@@ -283,7 +285,8 @@ class CudaDevice(BackendDevice):
 
     # ------------------------------------------------------------------ copies
     def copy_h2d(self, dst: int, offset: int, src: np.ndarray, stream: Any, timed: bool) -> _CudaCompletion:
-        self._use()
+        if self._get_device() != self._id:  # _use, inlined (small copies are a launch path)
+            self._rt.setDevice(self._id)
         start = self._begin(stream, timed) if timed else None
         nbytes = src.nbytes
         if nbytes >= _STAGE_MIN and not self.is_pinned(src):
@@ -293,7 +296,8 @@ class CudaDevice(BackendDevice):
         return self._finish(stream, start)
 
     def copy_d2h(self, dst: np.ndarray, src: int, offset: int, stream: Any, timed: bool) -> _CudaCompletion:
-        self._use()
+        if self._get_device() != self._id:  # _use, inlined
+            self._rt.setDevice(self._id)
         start = self._begin(stream, timed) if timed else None
         nbytes = dst.nbytes
         if nbytes >= _STAGE_MIN and not self.is_pinned(dst):
