@@ -85,7 +85,8 @@ def traced_loop(fn: Callable[[], Any], sync: Callable[[], Any], count: int) -> f
         sync()
         per_op = timed_round(fn, sync, count)[1]
     t.wait_pending()
-    gw.cupti.let_go()
+    if not gw.cupti.let_go() and not gw.cupti.detached():
+        raise RuntimeError("CUPTI could not be let go: the untraced rounds would run with it attached")
     return per_op
 
 
