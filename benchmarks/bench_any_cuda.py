@@ -218,6 +218,22 @@ def pipeline_setup():
     return gw, dev, pipe, inputs, outputs
 
 
+def empty_launches():
+    """``loop(n)``: n raw CuPy launches of an empty kernel, then a synchronize; µs per launch."""
+    import cupy as cp
+
+    kernel = cp.RawKernel('extern "C" __global__ void e() {}', "e")
+
+    def loop(n: int = 4000) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            kernel((1,), (1,), ())
+        cp.cuda.Device().synchronize()
+        return (time.perf_counter() - t) / n * 1e6
+
+    return loop
+
+
 def traced_pairs(gw, pipe, inputs, outputs, count: int, gap_s: float = 0.0) -> list[dict[str, float]]:
     """``count`` ABBA pairs of one ``pipe.run`` untraced and inside a fresh ``gw.trace()``: ms of each, ``gap_s``
     slept before every run."""
@@ -252,19 +268,9 @@ def child(mode: str) -> None:
             pipe.run(inputs, outputs)
         emit(mode=mode, ms=(time.perf_counter() - t0) * 1e3)
         return
-    import cupy as cp
-
     import gpuworkbench as gw
 
-    k = cp.RawKernel('extern "C" __global__ void e() {}', "e")
-
-    def loop(n: int = 4000) -> float:
-        t = time.perf_counter()
-        for _ in range(n):
-            k((1,), (1,), ())
-        cp.cuda.Device().synchronize()
-        return (time.perf_counter() - t) / n * 1e6
-
+    loop = empty_launches()
     loop(500)
     if mode == "idle-after-trace":
         with gw.trace() as t:

@@ -135,6 +135,18 @@ def source() -> cupti_mod.CuptiSource:
     return s
 
 
+def linger_out(fake_cupti) -> FakeLib:
+    """Start and stop a source, then wait for the linger to run out (the detach armed); the fake libcupti."""
+    s = source()
+    s.start()
+    s.stop()
+    lib = fake_cupti.raw.lib
+    deadline = time.monotonic() + 5
+    while not lib.domain_on and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return lib
+
+
 def test_a_stopped_source_parks_and_the_next_takes_its_kinds_over_without_enabling(fake_cupti):
     first = source()
     assert cupti_mod.detached()
@@ -157,13 +169,7 @@ def test_a_stopped_source_parks_and_the_next_takes_its_kinds_over_without_enabli
 def test_after_the_linger_kinds_go_off_and_cupti_is_finalized_at_the_next_cuda_call(fake_cupti, monkeypatch):
     monkeypatch.setattr(cupti_mod, "LINGER_S", 0.05)
     monkeypatch.setattr(cupti_mod, "_API_FILTER_SET", True)
-    s = source()
-    s.start()
-    s.stop()
-    lib = fake_cupti.raw.lib
-    deadline = time.monotonic() + 5
-    while not lib.domain_on and time.monotonic() < deadline:
-        time.sleep(0.01)
+    lib = linger_out(fake_cupti)
     assert fake_cupti.enabled == set() and cupti_mod._PARKED is None
     assert lib.calls == ["subscribe", "domain 1 1"] and not cupti_mod.detached()  # waits for a CUDA call
     lib.api_call()
@@ -177,13 +183,7 @@ def test_after_the_linger_kinds_go_off_and_cupti_is_finalized_at_the_next_cuda_c
 
 def test_a_start_calls_off_a_detach_that_has_not_happened(fake_cupti, monkeypatch):
     monkeypatch.setattr(cupti_mod, "LINGER_S", 0.0)
-    s = source()
-    s.start()
-    s.stop()
-    lib = fake_cupti.raw.lib
-    deadline = time.monotonic() + 5
-    while not lib.domain_on and time.monotonic() < deadline:
-        time.sleep(0.01)
+    lib = linger_out(fake_cupti)
     again = source()
     again.start()
     assert lib.calls == ["subscribe", "domain 1 1", "domain 1 0"]  # called off: never finalized, still subscribed

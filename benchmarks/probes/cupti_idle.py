@@ -12,28 +12,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_any_cuda import empty_launches  # noqa: E402
+
 
 def child(mode: str) -> None:
-    import cupy as cp
     from cupti import cupti
 
     import gpuworkbench as gw
     from gpuworkbench.trace import cupti as source_mod
 
-    kernel = cp.RawKernel('extern "C" __global__ void e() {}', "e")
-
-    def loop(n: int = 4000) -> float:
-        t = time.perf_counter()
-        for _ in range(n):
-            kernel((1,), (1,), ())
-        cp.cuda.Device().synchronize()
-        return (time.perf_counter() - t) / n * 1e6
-
+    loop = empty_launches()
     loop(500)
     for step in mode.split("+"):
         if step == "attach":

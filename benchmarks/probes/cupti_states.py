@@ -19,7 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_any_cuda import pipeline_setup  # noqa: E402
+from bench_any_cuda import empty_launches, pipeline_setup  # noqa: E402
 
 KINDS = {
     "kernels": ("CONCURRENT_KERNEL",),
@@ -32,20 +32,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
-    import cupy as cp
     from cupti import cupti
 
     from gpuworkbench.trace import cupti as source_mod
 
     gw, _dev, pipe, inputs, outputs = pipeline_setup()
-    kernel = cp.RawKernel('extern "C" __global__ void e() {}', "e")
-
-    def launches(n: int = 3000) -> float:
-        t = time.perf_counter()
-        for _ in range(n):
-            kernel((1,), (1,), ())
-        cp.cuda.Device().synchronize()
-        return (time.perf_counter() - t) / n * 1e6
+    launches = empty_launches()
 
     def state(name: str) -> None:
         source_mod.let_go()
@@ -75,7 +67,7 @@ def main() -> None:
             state(name)
             time.sleep(0.1)
             ms[name].append(pipeline_ms())
-            us[name].append(launches())
+            us[name].append(launches(3000))
     source_mod.let_go()
     for name in names:
         row = {
