@@ -257,8 +257,11 @@ def child(mode: str) -> None:
     """One fresh process: the first trace of a process around a pipeline run, or the launch loop's idle cost."""
     if mode in ("first-traced", "first-traced-loaded", "first-untraced"):
         gw, dev, pipe, inputs, outputs = pipeline_setup()
-        if mode == "first-traced-loaded":
-            gw.cupti.prepare()  # what ``%load_ext gpuworkbench`` does before the first cell
+        if mode == "first-traced-loaded":  # what ``%load_ext gpuworkbench`` does before the first cell
+            from gpuworkbench.trace.harvest_threads import THREADS
+
+            gw.cupti.prepare()
+            THREADS.warm()
         time.sleep(1.0)  # a notebook's pause between cells
         t0 = time.perf_counter()
         if mode != "first-untraced":

@@ -322,3 +322,21 @@ def test_sequential_traces_reuse_their_harvest_threads():
         assert counts[-1] == counts[1], counts  # the same idle thread(s) every time
     finally:
         buf.free()
+
+
+def test_a_warmed_harvest_thread_serves_the_next_trace():
+    """``%load_ext`` starts one idle harvest thread (``THREADS.warm``), so that the first trace starts none."""
+    import threading
+
+    from gpuworkbench.trace.harvest_threads import THREADS
+
+    THREADS.warm()
+    THREADS.warm()  # one idle thread is enough: a second call starts none
+    idle = list(THREADS._idle)
+    assert len(idle) >= 1
+    before = {th.ident for th in threading.enumerate()}
+    with gw.trace() as t:
+        pass
+    assert t.wait_pending(10)
+    t._thread.join(10)
+    assert {th.ident for th in threading.enumerate()} <= before  # the trace ran on a thread that was waiting

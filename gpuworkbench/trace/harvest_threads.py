@@ -72,6 +72,15 @@ class HarvestThreads:
             worker.jobs.put((fn, handle, name))
         return handle
 
+    def warm(self) -> None:
+        """Start one idle thread now if none waits (``%load_ext``: the first trace then starts none)."""
+        with self._lock:
+            if self._idle:
+                return
+            worker = _Worker(self)
+            self._idle.append(worker)
+        worker.thread.start()
+
     def _rest(self, worker: _Worker) -> bool:
         """Back to the idle list after a run; False (the thread ends) when enough wait already."""
         with self._lock:
