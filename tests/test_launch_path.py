@@ -512,7 +512,9 @@ def test_cuda_untimed_launch_records_no_event_until_asked(fake_cuda):
     ptr = dev.kernel_arg(BufferArg(0xABC, np.dtype("float32"), 1))
     assert type(ptr) is np.uint64 and ptr == 0xABC
     first = [dev.launch(kernel, (1,), (32,), [ptr, np.float32(2)], s, False) for _ in range(100)]
-    assert s.records == 0 and kernel.calls[0] == (ptr, np.float32(2))
+    driver = sys.modules["cupy"].cuda.driver
+    assert s.records == 0 and not kernel.calls and len(driver.launches) == 100  # packed, not through CuPy's call
+    assert driver.slot(driver.launches[-1][2], 1, ctypes.c_float) == 2.0
     assert not first[0].done() and s.records == 1  # one event, after the 100th launch, covers all of them
     assert all(not c.done() for c in first) and s.records == 1
     s.finished = 100
@@ -528,6 +530,25 @@ def test_cuda_untimed_launch_records_no_event_until_asked(fake_cuda):
     unasked = dev.copy_d2h(np.zeros(4, np.float32), 0x10, 0, s, False)
     dev.destroy_stream(s)  # synchronizes the stream: what was never asked about needs no event now
     assert unasked.resolve() is DONE and s.records == 5
+
+
+def test_a_launch_with_a_new_scalar_each_time_packs_it_into_the_slots_per_call(fake_cuda):
+    """Not a repeat (the scalar changes): the backend still skips CuPy's call, packing each call's arguments into
+    slots kept per kernel, dims and argument types."""
+    backend, dev = fake_cuda
+    s = dev.create_stream()
+    kernel, driver = _FakeFunction(), sys.modules["cupy"].cuda.driver
+    ptr = np.uint64(0xABC)
+    for i in range(5):
+        dev.launch(kernel, (4,), (32,), [ptr, np.int32(i - 2)], s, False)
+        f, dims, params = driver.launches[-1]
+        assert driver.slot(params, 0, ctypes.c_uint64) == 0xABC and driver.slot(params, 1, ctypes.c_int32) == i - 2
+    assert f == 0xF00 and dims == (4, 1, 1, 32, 1, 1) and not kernel.calls and s.ops == ["kernel"] * 5
+    dev.launch(kernel, (4,), (32,), [ptr, np.float64(0.5)], s, False)  # other types: slots of their own
+    assert driver.slot(driver.launches[-1][2], 1, ctypes.c_double) == 0.5 and len(dev._packed) == 2
+    odd = np.zeros(1, dtype=[("a", "i4"), ("b", "f4")])[0]  # a structured scalar fits no slot: CuPy's call
+    dev.launch(kernel, (4,), (32,), [ptr, odd], s, False)
+    assert len(kernel.calls) == 1 and len(driver.launches) == 6
 
 
 def test_a_prepared_launch_packs_each_scalar_type_into_its_slot(fake_cuda):

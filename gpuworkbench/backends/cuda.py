@@ -42,7 +42,7 @@ from .base import (
     wrap_pinned,
 )
 from .cuda_events import _CudaCompletion, _cupy, _Epoch, _EventPool
-from .cuda_launch import CONTEXT_ERROR, PreparedLaunch, prepare
+from .cuda_launch import CONTEXT_ERROR, PackedLaunch, PreparedLaunch, packed, prepare
 from .cuda_peers import _enable_peer, peer_links  # noqa: F401  (peer_links: the %gpu listing asks this module)
 
 CAPS = Caps(
@@ -98,6 +98,8 @@ class CudaDevice(BackendDevice):
         self._limits: KernelLimits | None = None
         self._peer_routes: dict[int, PeerRoute] = {}  # source device ordinal -> how copies from it travel
         self._marks: dict[int, StreamMarks] = {}  # stream pointer -> its untimed ops' on-demand completions
+        #: (CuPy function, grid, block, argument types) -> slots its launches are packed into (None: CuPy launches it)
+        self._packed: dict[tuple, PackedLaunch | None] = {}
         # repeated launches go straight to cuLaunchKernel (CUDA only: HIP launches through CuPy)
         self._driver = None if self._rt.is_hip else cupy.cuda.driver
         self.clock_sample()
@@ -445,7 +447,24 @@ class CudaDevice(BackendDevice):
         self._use()
         values = tuple([np.uint64(a.handle) if type(a) is BufferArg else a for a in args])
         start = self._begin(stream, timed) if timed else None
-        kernel(grid, block, values, stream=stream)
+        slots = None
+        if self._driver is not None and not self._capturing:
+            key = (kernel, grid, block, *map(type, values))
+            slots = self._packed.get(key, False)
+            if slots is False:  # once per kernel, dims and argument types: None where CuPy's call must launch it
+                if len(self._packed) >= 1024:
+                    self._packed.clear()
+                slots = self._packed[key] = packed(self._driver.launchKernel, kernel.ptr, grid, block, key[3:])
+        if slots is None:
+            kernel(grid, block, values, stream=stream)
+        else:
+            try:
+                slots.launch(stream.ptr, values)
+            except self._driver.CUDADriverError as exc:
+                if exc.status != CONTEXT_ERROR:
+                    raise
+                self._rt.setDevice(self._id)  # a thread whose first CUDA call this is: make the context current
+                slots.launch(stream.ptr, values)
         return self._finish(stream, start)
 
     def prepare_launch(self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any]) -> Any:

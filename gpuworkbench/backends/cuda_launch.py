@@ -11,6 +11,7 @@ prepared: CuPy launches them as before.
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -52,13 +53,42 @@ def prepare(
 ) -> PreparedLaunch | None:
     """Pack ``values`` for a launch of ``func_ptr`` through ``launch`` (``cuLaunchKernel``); None where an argument
     cannot be packed."""
-    fmt = slot_format([type(v) for v in values])
+    slots = packed(launch, func_ptr, grid, block, [type(v) for v in values])
+    if slots is None:
+        return None
+    struct.pack_into(slots.fmt, slots.view, 0, *values)  # written once: never again, so threads may share it
+    return PreparedLaunch(slots.call, slots.params, slots._keep)
+
+
+class PackedLaunch:
+    """A launch whose arguments change from call to call (a loop index): the function, grid and block bound, and
+    slots for arguments of fixed types rewritten per call under a lock (``cuLaunchKernel`` copies them as it
+    launches). Skips CuPy's ``Function.__call__``, which builds a pointer object per argument on every launch."""
+
+    __slots__ = ("call", "params", "fmt", "view", "lock", "_keep")
+
+    def __init__(self, call: Any, params: int, fmt: str, keep: tuple[np.ndarray, np.ndarray]) -> None:
+        self.call, self.params, self.fmt, self._keep = call, params, fmt, keep
+        self.view = memoryview(keep[0]).cast("B")
+        self.lock = threading.Lock()
+
+    def launch(self, stream_ptr: int, values: Sequence[Any]) -> None:
+        with self.lock:
+            struct.pack_into(self.fmt, self.view, 0, *values)
+            self.call(stream_ptr, self.params, 0)
+
+
+def packed(
+    launch: Any, func_ptr: int, grid: tuple[int, ...], block: tuple[int, ...], types: Sequence[type]
+) -> PackedLaunch | None:
+    """Slots for arguments of these types, launched through ``launch`` (``cuLaunchKernel``); None where one does not
+    fit a slot."""
+    fmt = slot_format(types)
     if fmt is None:
         return None
-    slots = np.zeros(max(len(values), 1), np.uint64)
-    struct.pack_into(fmt, memoryview(slots).cast("B"), 0, *values)
+    slots = np.zeros(max(len(types), 1), np.uint64)
     pointers = slots.ctypes.data + 8 * np.arange(len(slots), dtype=np.uint64)
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
     bx, by, bz = (tuple(block) + (1, 1))[:3]
     call = partial(launch, func_ptr, gx, gy, gz, bx, by, bz, 0)
-    return PreparedLaunch(call, int(pointers.ctypes.data), (slots, pointers))
+    return PackedLaunch(call, int(pointers.ctypes.data), fmt, (slots, pointers))
