@@ -53,7 +53,7 @@ def _empty_trace(gw) -> None:
 def run(gw, pipe, inputs, outputs, mode: str) -> float:
     """One timed run of ``mode`` after its untimed setup and the gap; ms."""
     if mode in ("untraced", "traced, after the linger"):
-        if not cupti_source.let_go():
+        if not cupti_source.let_go() and not cupti_source.detached():
             raise SystemExit("CUPTI could not be let go")
     else:
         _empty_trace(gw)

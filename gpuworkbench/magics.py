@@ -25,6 +25,7 @@ from IPython.display import display
 
 from ._progress import Progress as _Progress
 from .errors import GpuError, _fmt_bytes
+from .trace import cupti
 from .trace.spans import KIND_CODE
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ LINE_USAGE = """\
 %gpu live [stop]                  a dashboard that keeps updating while later cells run; stop it
 %gpu export PATH [--live]         write the last %%gpu trace (or the live one) as Chrome-trace JSON
 %gpu load PATH [-o NAME]          read a Chrome / Kineto trace (PyTorch profiler, an export) and show it like %%gpu
+%gpu cupti [release]              where CUPTI stands (attached, lingering after a trace, let go); let it go now
 %gpu bench copy|launch|pipeline   quick benchmarks on the current device
 %gpu bench crossover [OP ...] [--sizes N,N,...] [--repeats R] [--budget S] [--refresh]
                                   from which size each library op (all: no OP) beats NumPy, with and without
@@ -186,6 +188,7 @@ class GpuMagics(Magics):
             "export": self._export,
             "load": self._load,
             "bench": self._bench,
+            "cupti": self._cupti,
         }
         if command in ("help", "-h", "--help"):
             print(f"{LINE_USAGE}\n{CELL_USAGE}")
@@ -390,6 +393,15 @@ class GpuMagics(Magics):
         self._show(trace, summary, None)
 
     # ------------------------------------------------------------------ %gpu bench
+    def _cupti(self, args: list[str]) -> None:
+        if args == ["release"]:
+            released = cupti.let_go()
+            print("CUPTI let go" if released else "nothing to let go (no trace attached CUPTI, or a trace records)")
+        elif args:
+            _error("%gpu cupti", f"unknown argument {' '.join(args)!r}: %gpu cupti [release]")
+            return
+        print(f"CUPTI: {cupti.state()}")
+
     def _bench(self, args: list[str]) -> None:
         """Run one benchmark on the current device: ``copy``, ``launch``, ``pipeline`` or ``crossover [OP ...]``."""
         benches = {"copy": self._bench_copy, "launch": self._bench_launch, "pipeline": self._bench_pipeline}

@@ -150,11 +150,14 @@ def linger_out(fake_cupti) -> FakeLib:
 def test_a_stopped_source_parks_and_the_next_takes_its_kinds_over_without_enabling(fake_cupti):
     first = source()
     assert cupti_mod.detached()
+    assert cupti_mod.state().startswith("not attached")
     first.start()
     assert fake_cupti.raw.registered == 1 and len(fake_cupti.enabled) == 6 and not cupti_mod.detached()
     assert fake_cupti.raw.lib.calls == ["subscribe"]  # on the starting thread, no callback on yet
+    assert cupti_mod.state().startswith("recording")
     first.stop()
     assert not first.running and cupti_mod._PARKED is first and cupti_mod._ACTIVE is None
+    assert cupti_mod.state().startswith("lingering") and "let go in " in cupti_mod.state()
     assert len(fake_cupti.enabled) == 6 and not any(e.startswith("disable") for e in fake_cupti.log)
     fake_cupti.log.clear()
     second = source()
@@ -172,6 +175,7 @@ def test_after_the_linger_kinds_go_off_and_cupti_is_finalized_at_the_next_cuda_c
     lib = linger_out(fake_cupti)
     assert fake_cupti.enabled == set() and cupti_mod._PARKED is None
     assert lib.calls == ["subscribe", "domain 1 1"] and not cupti_mod.detached()  # waits for a CUDA call
+    assert "next CUDA call" in cupti_mod.state()
     lib.api_call()
     assert lib.calls[2:] == ["unsubscribe", "finalize"] and cupti_mod.detached()
     assert not fake_cupti.raw.ours and not cupti_mod._API_FILTER_SET  # CUPTI forgot both: set again on the next start

@@ -205,3 +205,19 @@ def test_live_starts_stops_and_exports(shell, capsys, tmp_path):
     shell.run_line_magic("gpu", f"export --live {tmp_path / 'live.json'}")
     assert "live dashboard" in capsys.readouterr().out
     assert json.loads((tmp_path / "live.json").read_text())["traceEvents"] is not None
+
+
+def test_gpu_cupti_says_where_cupti_stands_and_releases_it(shell, capsys):
+    """Without CUDA nothing attaches CUPTI: the state says so and a release has nothing to let go. The lingering and
+    let-go states are unit-tested with a fake libcupti (tests/test_cupti_linger.py)."""
+    from gpuworkbench.trace import cupti
+
+    shell.run_line_magic("gpu", "cupti")
+    out = capsys.readouterr().out
+    assert out.startswith("CUPTI: ") and cupti.state() in out
+    if cupti.detached():
+        assert "not attached" in out
+    shell.run_line_magic("gpu", "cupti release")
+    assert "CUPTI: " in capsys.readouterr().out
+    shell.run_line_magic("gpu", "cupti now")
+    assert "unknown argument 'now'" in capsys.readouterr().err

@@ -1317,8 +1317,8 @@ def detached() -> bool:
 def let_go() -> bool:
     """Let CUPTI go now rather than after ``LINGER_S``: a parked source's kinds off, then ``cuptiFinalize`` on this
     thread. Only where no other thread makes CUDA calls (CUPTI asks for a call's exit otherwise); for benchmarks that
-    need a process as if it never traced. False if a source records or another tool holds CUPTI."""
-    if _ACTIVE is not None or _RAW is None or other_client():
+    need a process as if it never traced. False if a source records, CUPTI is not attached, or another tool holds it."""
+    if _ACTIVE is not None or _RAW is None or not _ATTACHED or other_client():
         return False
     with _STATE_LOCK:
         _unpark()
@@ -1331,6 +1331,29 @@ def let_go() -> bool:
             return False
         _detached()
     return True
+
+
+def state() -> str:
+    """Where CUPTI stands in this process, in words (``%gpu cupti``): what a launch pays for it now, and until when."""
+    if _ACTIVE is not None:
+        return "recording: a trace's source holds CUPTI"
+    if _PARKED is not None:
+        left = _LINGER.left_s()
+        when = f"in {left:.0f} s" if left is not None else "soon"
+        return (
+            f"lingering: attached with its kinds on, so that the next trace starts at no cost; let go {when} "
+            f"unless a trace takes it over (cupti.LINGER_S = {LINGER_S:g}). Every CUDA call pays for it meanwhile"
+        )
+    if _DETACH is not None and _DETACH.armed:
+        return "kinds off; CUPTI is let go at the exit of the next CUDA call"
+    if _ATTACHED:
+        if detach_refused:
+            return (
+                f"attached with its kinds off, not let go: CUPTI refused the detach (result {detach_refused}; another "
+                "tool such as torch.profiler holds its one callback subscriber). Every CUDA call pays for it"
+            )
+        return "attached with its kinds off"
+    return "not attached: CUDA calls pay nothing for it"
 
 
 _LINGER = Deadline(_linger_over, "gpuworkbench-cupti-linger")

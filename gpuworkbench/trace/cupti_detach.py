@@ -159,6 +159,11 @@ class Deadline:
     def armed(self) -> bool:
         return self._due is not None
 
+    def left_s(self) -> float | None:
+        """Seconds until the armed call (None: none armed)."""
+        due = self._due
+        return None if due is None else max(0.0, due[0] - time.monotonic())
+
     def _run(self) -> None:
         while True:
             with self._cond:
