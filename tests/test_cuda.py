@@ -179,6 +179,10 @@ def _check_ground_truth(dev, source, record_property, spin, hosts, bufs, expecte
         spin(1, 1, (np.uint64(2_000_000),), stream=s1, name="spin-long")
         bufs[1].copy_from_host_async(hosts[1], s2)
         dev.synchronize()
+        for _ in range(4):  # more copies of each host buffer, one at a time: the fastest is compared, as raw
+            for buf, host in zip(bufs, hosts):
+                buf.copy_from_host_async(host, s1)
+        dev.synchronize()
     assert t.wait_pending(30)
     assert t.devices[0].source == source
     kernels = {s.name: s for s in _spans(t, "kernel") if s.name != "spin-solo"}
@@ -186,9 +190,13 @@ def _check_ground_truth(dev, source, record_property, spin, hosts, bufs, expecte
     copies = _spans(t, "h2d")
     a, b = kernels["spin-a"], kernels["spin-b"]
     kernel_overlap = min(a.end_ns, b.end_ns) - max(a.start_ns, b.start_ns)
-    c1, c2, c3 = copies
+    copies.sort(key=lambda c: c.start_ns)
+    (c1, c2, c3), more = copies[:3], copies[3:]
     copy_overlap = min(c1.end_ns, c2.end_ns) - max(c1.start_ns, c2.start_ns)
-    copy_err = [abs(c.duration_ns - want) / want for c, want in zip((c1, c2), expected_ns)]
+    # The fastest traced copy of each host buffer against the fastest raw pass: a neighbour's burst on the host slows
+    # a copy (by 10 % in about one run in five of the GPU tests), never speeds it up.
+    fastest = [min(c.duration_ns for c in (first, *more[i::2])) for i, first in enumerate((c1, c2))]
+    copy_err = [abs(d - want) / want for d, want in zip(fastest, expected_ns)]
     long = kernels["spin-long"]
     beside = min(long.end_ns, c3.end_ns) - max(long.start_ns, c3.start_ns)
     report = {
@@ -198,6 +206,7 @@ def _check_ground_truth(dev, source, record_property, spin, hosts, bufs, expecte
         "h2d_duration_rel_error": copy_err,
         "h2d_expected_ns": expected_ns,
         "h2d_durations_ns": [c1.duration_ns, c2.duration_ns, c3.duration_ns],
+        "h2d_fastest_ns": fastest,
         "h2d_beside_kernel_overlap_ns": beside,
         "alignment_error_ns": t.devices[0].error_ns,
     }
