@@ -396,7 +396,8 @@ class GpuMagics(Magics):
     def _cupti(self, args: list[str]) -> None:
         if args == ["release"]:
             released = cupti.let_go()
-            print("CUPTI let go" if released else "nothing to let go (no trace attached CUPTI, or a trace records)")
+            why = "CUPTI is not attached, a trace records, or another tool holds it"
+            print("CUPTI let go" if released else f"not let go: {why}")
         elif args:
             _error("%gpu cupti", f"unknown argument {' '.join(args)!r}: %gpu cupti [release]")
             return
