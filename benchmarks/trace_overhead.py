@@ -241,6 +241,7 @@ def main() -> None:
         assert t.wait_pending(60)
         t._thread.join(10)  # its CUPTI source parks as it ends: let go below, so untraced blocks run without CUPTI
         gw.cupti.let_go()
+        time.sleep(0.3)  # launches stay slower for a moment after cuptiFinalize (bench_launch.SETTLE_S)
         results.setdefault(f"drain_us_{key}", []).append((time.perf_counter() - d0) / (4 * count) * 1e6)
         results.setdefault(f"main_cpu_us_{key}", []).append(statistics.median(main_cpu))
         results.setdefault(f"harvest_cpu_us_{key}", []).append(harvest_cpu / (3 * count) * 1e6)
