@@ -80,6 +80,24 @@ def register(ipython: Any) -> None:
     if _number_cells not in ipython.events.callbacks["post_run_cell"]:
         # before the comm's own post_run_cell hook (registered after this), so the panel sees the right number
         ipython.events.register("post_run_cell", _number_cells)
+    if _let_go_before_untraced_cell not in ipython.events.callbacks["pre_run_cell"]:
+        ipython.events.register("pre_run_cell", _let_go_before_untraced_cell)
+
+
+#: Words in a cell's source that say it traces: CUPTI lingering after a trace is kept for it.
+_TRACING_WORDS = ("%%gpu", "%gpu live", "trace(", "gw.dask", ".live(")
+
+
+def _let_go_before_untraced_cell(info: Any) -> None:
+    """Before a cell that does not trace, let a lingering CUPTI go: it would slow every CUDA call of the cell (an
+    empty launch 1.5 ×) for the rest of ``cupti.LINGER_S``. Cells that trace keep it, and start at no cost. Runs on
+    the kernel's thread between cells; a trace that still records keeps CUPTI whatever the cell."""
+    if not cupti.lingering():
+        return
+    source = getattr(info, "raw_cell", "") or ""
+    if any(word in source for word in _TRACING_WORDS):
+        return
+    cupti.let_go()
 
 
 def _number_cells(result: Any) -> None:

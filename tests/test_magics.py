@@ -221,3 +221,21 @@ def test_gpu_cupti_says_where_cupti_stands_and_releases_it(shell, capsys):
     assert "CUPTI: " in capsys.readouterr().out
     shell.run_line_magic("gpu", "cupti now")
     assert "unknown argument 'now'" in capsys.readouterr().err
+
+
+def test_a_cell_that_does_not_trace_lets_a_lingering_cupti_go_first(shell, monkeypatch):
+    """CUPTI lingers after a trace for the next to start free, but slows every CUDA call meanwhile: a cell that does
+    not trace lets it go before it runs; a traced cell keeps it."""
+    from gpuworkbench.trace import cupti
+
+    released: list[bool] = []
+    monkeypatch.setattr(cupti, "lingering", lambda: True)
+    monkeypatch.setattr(cupti, "let_go", lambda: released.append(True) or True)
+    shell.run_cell("plain = 1 + 1")
+    assert released == [True]
+    shell.run_cell("%%gpu --no-show\nx = 2")
+    shell.run_cell("import gpuworkbench as gw\nwith gw.trace():\n    pass")
+    assert released == [True]  # cells that trace keep the lingering CUPTI for their trace
+    monkeypatch.setattr(cupti, "lingering", lambda: False)
+    shell.run_cell("plain = 3")
+    assert released == [True]  # nothing lingers: nothing to let go

@@ -1333,6 +1333,11 @@ def let_go() -> bool:
     return True
 
 
+def lingering() -> bool:
+    """Whether a stopped trace's source lingers (attached, kinds on) for the next trace to take over."""
+    return _PARKED is not None
+
+
 def state() -> str:
     """Where CUPTI stands in this process, in words (``%gpu cupti``): what a launch pays for it now, and until when."""
     if _ACTIVE is not None:
