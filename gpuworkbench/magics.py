@@ -89,10 +89,11 @@ _TRACING_WORDS = ("%%gpu", "%gpu live", "trace(", "gw.dask", ".live(")
 
 
 def _let_go_before_untraced_cell(info: Any) -> None:
-    """Before a cell that does not trace, let a lingering CUPTI go: it would slow every CUDA call of the cell (an
-    empty launch 1.5 ×) for the rest of ``cupti.LINGER_S``. Cells that trace keep it, and start at no cost. Runs on
-    the kernel's thread between cells; a trace that still records keeps CUPTI whatever the cell."""
-    if not cupti.lingering():
+    """Before a cell that does not trace, let go the CUPTI a trace left lingering: it would slow every CUDA call of the
+    cell (an empty launch 1.5 ×) for the rest of ``cupti.LINGER_S``. Cells that trace keep it, and start at no cost;
+    so do the cells before the first trace, for which ``%load_ext`` parked one. Runs on the kernel's thread between
+    cells; a trace that still records keeps CUPTI whatever the cell."""
+    if not cupti.lingering(after_trace=True):
         return
     source = getattr(info, "raw_cell", "") or ""
     if any(word in source for word in _TRACING_WORDS):

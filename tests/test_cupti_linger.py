@@ -158,6 +158,7 @@ def test_a_stopped_source_parks_and_the_next_takes_its_kinds_over_without_enabli
     first.stop()
     assert not first.running and cupti_mod._PARKED is first and cupti_mod._ACTIVE is None
     assert cupti_mod.state().startswith("lingering") and "let go in " in cupti_mod.state()
+    assert cupti_mod.lingering() and cupti_mod.lingering(after_trace=True)
     assert len(fake_cupti.enabled) == 6 and not any(e.startswith("disable") for e in fake_cupti.log)
     fake_cupti.log.clear()
     second = source()
@@ -260,3 +261,17 @@ def test_deadline_calls_with_the_last_armed_token_and_disarm_cancels():
     clock.disarm()
     time.sleep(0.15)
     assert got == [2]
+
+
+def test_the_source_prepare_parks_lingers_for_the_first_trace_only(fake_cupti):
+    """``prepare`` parks a warm-up source for the process's first trace: it lingers, but not as one a trace left
+    (a notebook cell that does not trace lets only the latter go)."""
+    warm = source()
+    warm.warm_up = True
+    warm.start()
+    warm.stop()
+    assert cupti_mod.lingering() and not cupti_mod.lingering(after_trace=True)
+    first = source()
+    first.start()
+    first.stop()
+    assert cupti_mod.lingering(after_trace=True)

@@ -229,13 +229,13 @@ def test_a_cell_that_does_not_trace_lets_a_lingering_cupti_go_first(shell, monke
     from gpuworkbench.trace import cupti
 
     released: list[bool] = []
-    monkeypatch.setattr(cupti, "lingering", lambda: True)
+    monkeypatch.setattr(cupti, "lingering", lambda after_trace=False: True)
     monkeypatch.setattr(cupti, "let_go", lambda: released.append(True) or True)
     shell.run_cell("plain = 1 + 1")
     assert released == [True]
     shell.run_cell("%%gpu --no-show\nx = 2")
     shell.run_cell("import gpuworkbench as gw\nwith gw.trace():\n    pass")
     assert released == [True]  # cells that trace keep the lingering CUPTI for their trace
-    monkeypatch.setattr(cupti, "lingering", lambda: False)
+    monkeypatch.setattr(cupti, "lingering", lambda after_trace=False: False)
     shell.run_cell("plain = 3")
     assert released == [True]  # nothing lingers: nothing to let go

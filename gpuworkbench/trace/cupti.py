@@ -654,6 +654,8 @@ class CuptiSource:
         self._frozen = False
         #: Bumped by every ``start``: a trace stops or abandons only the session it started.
         self.session = 0
+        #: True for the source ``prepare`` starts and parks for the process's first trace (no trace used it).
+        self.warm_up = False
         #: Whether the API carrier records are limited to the calls that enqueue device work.
         self.api_filtered = False
         #: Records dropped because CUPTI had no valid start/end for them (e.g. cut off by a forced flush).
@@ -1333,9 +1335,11 @@ def let_go() -> bool:
     return True
 
 
-def lingering() -> bool:
-    """Whether a stopped trace's source lingers (attached, kinds on) for the next trace to take over."""
-    return _PARKED is not None
+def lingering(after_trace: bool = False) -> bool:
+    """Whether a source lingers (attached, kinds on) for the next trace to take over; ``after_trace``: one a trace
+    left, not the one ``prepare`` parked for the first trace of the process."""
+    parked = _PARKED
+    return parked is not None and not (after_trace and parked.warm_up)
 
 
 def state() -> str:
@@ -1438,6 +1442,7 @@ def prepare() -> None:
         # the source stays parked for a first trace to take over
         with contextlib.suppress(Exception):
             warm = CuptiSource()
+            warm.warm_up = True
             warm.start()
             warm.stop()
 
