@@ -280,6 +280,14 @@ def child(mode: str) -> None:
             loop(500)
         t.wait_pending()
         t._thread.join(5)
+    elif mode == "idle-ready":
+        with gw.trace() as t:
+            loop(500)
+        t.wait_pending()
+        loop(10)  # lets the lingering source go; CUPTI is initialized again REATTACH_S later
+        deadline = time.monotonic() + 10
+        while not gw.cupti.state().startswith("ready") and time.monotonic() < deadline:
+            time.sleep(0.05)
     elif mode == "idle-prepared":
         gw.cupti.prepare()  # CUPTI attached, a source parked for LINGER_S: the loop runs while it lingers
     elif mode == "idle-after-linger":
@@ -345,10 +353,11 @@ def cost() -> None:
         what="first trace of a process around one pipeline run (fresh processes, 1 s after setup)",
         **{m: {"median_ms": statistics.median(v), "all": [round(x, 2) for x in v]} for m, v in first.items() if v},
     )
-    idle = run_children(["never", "idle-prepared", "idle-after-trace", "idle-after-linger"], 6, "us")
+    idle = run_children(["never", "idle-prepared", "idle-after-trace", "idle-after-linger", "idle-ready"], 6, "us")
     emit(
-        what="empty-launch loop, us per launch, in processes that never traced / only prepared / traced once (CUPTI "
-        "lingering) / traced once, linger over (CUPTI let go)",
+        what="empty-launch loop, us per launch, in processes that never traced / only prepared / traced once (the "
+        "loop's first launch lets CUPTI go) / traced once, linger over (CUPTI let go) / traced once, CUPTI "
+        "initialized again with no kind on",
         **{m: {"median_us": statistics.median(v), "all": [round(x, 3) for x in v]} for m, v in idle.items() if v},
     )
 

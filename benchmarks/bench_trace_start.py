@@ -3,11 +3,15 @@ never traced (needs a CUDA GPU, CuPy and cupti-python).
 
     python benchmarks/bench_trace_start.py [--rounds 10] [--json out.json]
 
-Per round, in alternating order, 0.2 s between runs (as between notebook cells), four runs:
+Per round, in alternating order, 0.2 s between runs (as between notebook cells), seven runs:
 ``untraced``: CUPTI let go first (``cupti.let_go``: the state of a process that never traced);
 ``traced``: inside a fresh ``gw.trace()`` that takes over the source a trace 0.2 s before left lingering;
-``untraced, lingering``: no trace, while a source lingers (what an untraced cell pays within ``cupti.LINGER_S``);
-``traced, after the linger``: CUPTI let go first, so the trace attaches it again.
+``traced, CUPTI ready``: CUPTI let go and initialized again with no kind on (``cupti.reattach_soon``, as after an
+untraced notebook cell), so the trace enables its kinds;
+``untraced, CUPTI ready``: no trace, in that state (what untraced work pays once a process has traced);
+``untraced, after a trace``: no trace, 0.2 s after one (its first launch lets the lingering source go);
+``untraced, CUPTI recording``: no trace, while a source lingers with the watch off: what CUPTI itself costs the run;
+``traced, attaching``: CUPTI let go first, so the trace attaches it again.
 Then ``with gw.trace(): pass`` taking over a lingering source, with timers on the trace's start.
 """
 
@@ -52,11 +56,18 @@ def _empty_trace(gw) -> None:
 
 def run(gw, pipe, inputs, outputs, mode: str) -> float:
     """One timed run of ``mode`` after its untimed setup and the gap; ms."""
-    if mode in ("untraced", "traced, after the linger"):
+    if mode in ("untraced", "traced, attaching") or mode.endswith("ready"):
         if not cupti_source.let_go() and not cupti_source.detached():
             raise SystemExit("CUPTI could not be let go")
+        if mode.endswith("ready"):
+            cupti_source.reattach_soon(0.0)
+            cupti_source.settle(5)
+            if not cupti_source.state().startswith("ready"):
+                raise SystemExit(f"CUPTI is not ready: {cupti_source.state()}")
     else:
+        cupti_source.WATCH_UNTRACED = mode != "untraced, CUPTI recording"
         _empty_trace(gw)
+        cupti_source.WATCH_UNTRACED = True
     time.sleep(GAP_S)
     t0 = time.perf_counter()
     if mode.startswith("traced"):
@@ -76,14 +87,22 @@ def run(gw, pipe, inputs, outputs, mode: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10, help="rounds of the four runs (default 10)")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of the seven runs (default 10)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     gw, _dev, pipe, inputs, outputs = pipeline_setup()
     with gw.trace() as t:
         pipe.run(inputs[:1], outputs[:1])
     t.wait_pending()
-    modes = ["untraced", "traced", "untraced, lingering", "traced, after the linger"]
+    modes = [
+        "untraced",
+        "traced",
+        "traced, CUPTI ready",
+        "untraced, CUPTI ready",
+        "untraced, after a trace",
+        "untraced, CUPTI recording",
+        "traced, attaching",
+    ]
     ms: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for mode in modes if r % 2 == 0 else modes[::-1]:

@@ -51,6 +51,7 @@ import numpy as np
 from .backends.base import BufferArg
 from .buffer import Buffer
 from .errors import BackendUnavailable, DeviceTimeout, GpuError, InvalidArgument
+from .trace import cupti as cupti_source
 
 if TYPE_CHECKING:
     from .device import Device
@@ -80,6 +81,8 @@ _ALIVE_EVERY_S = 0.01  # how often a wait checks that the kernel still runs
 _RUNNING: set[PersistentKernel] = set()
 _RUNNING_LOCK = threading.Lock()
 _ATEXIT_REGISTERED = False
+#: What a trace says while one runs (measured on an H200: attaching CUPTI then waited for the kernel to end).
+_CUPTI_BLOCKED = "a persistent kernel runs, and attaching CUPTI would wait for it to end"
 
 _CUDA_SOURCE = r"""
 typedef long long i64;
@@ -320,11 +323,13 @@ class PersistentKernel:
         try:
             if not self._emulated:
                 backend.persistent_started()
+                cupti_source.block(self, _CUPTI_BLOCKED)
             try:
                 self._completion = backend.launch(raw, (1,), (threads,), args, self.stream._raw, False)
             except BaseException:
                 if not self._emulated:
                     backend.persistent_stopped()
+                    cupti_source.unblock(self)
                 raise
         except BaseException:
             self.stream.close()
@@ -453,6 +458,7 @@ class PersistentKernel:
             self._state = "stopped"
         with _RUNNING_LOCK:
             _RUNNING.discard(self)
+        cupti_source.unblock(self)
         self.stream._persistent = None
         failure = self._fault
         try:

@@ -176,6 +176,7 @@ def test_a_lingering_cupti_is_taken_over_without_the_work_launched_between_the_t
     marker(x, x), inside(x, x)  # compiled before any trace
     cp.cuda.Device().synchronize()
     monkeypatch.setattr(cupti_source, "LINGER_S", 30.0)
+    monkeypatch.setattr(cupti_source, "WATCH_UNTRACED", False)  # else the work between the traces lets CUPTI go
     with gw.trace(others=True) as first:
         inside(x, x)
     first.wait_pending()
@@ -198,36 +199,68 @@ import cupy as cp
 import gpuworkbench as gw
 from gpuworkbench.trace import cupti
 from gpuworkbench.trace.spans import KIND_CODE
-cupti.LINGER_S = 0.05
+try:
+    import torch
+except ImportError:
+    torch = None
 inside = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 5", "inside_the_trace")
 x = cp.ones(1 << 16, cp.float32)
 inside(x, x)
 cp.cuda.Device().synchronize()
-with gw.trace() as t:
-    inside(x, x)
-t.wait_pending()
-attached = not cupti.detached()
-deadline = time.monotonic() + 10
-while not cupti.detached() and time.monotonic() < deadline:
-    inside(x, x)  # the detach happens at a CUDA call's exit
-    time.sleep(0.005)
-print("attached after the trace", attached, "detached", cupti.detached(), "refused", cupti.detach_refused)
-with gw.trace() as t:
-    for _ in range(4):
-        inside(x, x)
-    cp.cuda.Device().synchronize()
-table = t.table()
-kernels = table["name"][table["kind"] == KIND_CODE["kernel"]].tolist()
-print("kernels", sum("inside_the_trace" in n for n in kernels), "warnings", len(t.stats.warnings))
+cupti.REATTACH_S = 0.05
+
+
+def traced_kernels():
+    with gw.trace() as t:
+        for _ in range(4):
+            inside(x, x)
+        cp.cuda.Device().synchronize()
+    t.wait_pending()
+    table = t.table()
+    kernels = table["name"][table["kind"] == KIND_CODE["kernel"]].tolist()
+    return sum("inside_the_trace" in n for n in kernels), len(t.stats.warnings)
+
+
+def until(what, work):
+    deadline = time.monotonic() + 10
+    while not what() and time.monotonic() < deadline:
+        work()
+        time.sleep(0.005)
+    return what()
+
+
+# the linger runs out: let go at a CUDA call's exit, then initialized again with no kind on
+cupti.WATCH_UNTRACED, cupti.LINGER_S = False, 0.3
+traced_kernels()
+lingering = cupti.lingering()
+detached = until(cupti.detached, lambda: inside(x, x))
+cupti.settle(5)
+print("linger", lingering, detached, cupti.detach_refused, cupti.state().split(":")[0], *traced_kernels())
+# untraced work of another library ends the linger at once
+cupti.WATCH_UNTRACED, cupti.LINGER_S = True, 30.0
+traced_kernels()
+lingering = cupti.lingering()
+if torch is not None:
+    a = torch.ones(1 << 16, device="cuda")
+    work = lambda: torch.add(a, 1)
+else:
+    work = lambda: cp.add(x, 1)
+t0 = time.monotonic()
+work()
+detached = until(cupti.detached, work)
+took = time.monotonic() - t0
+cupti.settle(5)
+print("watch", lingering, detached, took < 5, cupti.state().split(":")[0], *traced_kernels())
 """
 
 
-def test_cupti_is_let_go_after_the_linger_and_the_next_trace_attaches_it_again(cp):
+def test_cupti_is_let_go_after_the_linger_or_at_untraced_work_and_initialized_again_for_the_next_trace(cp):
     """In a fresh process (torch.profiler, run by other tests here, keeps CUPTI's one callback subscriber, and the
-    detach is then refused): after the linger, CUPTI is finalized at the next CUDA call, and the next trace attaches
-    it again and sees every kernel."""
+    detach is then refused): after the linger, or at the first untraced work (PyTorch's where it is installed),
+    CUPTI is finalized at a CUDA call's exit, initialized again with no kind on, and the next trace sees every
+    kernel."""
     out = subprocess.run([sys.executable, "-c", _LET_GO], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
-    assert lines[-2] == "attached after the trace True detached True refused 0", out.stdout
-    assert lines[-1] == "kernels 4 warnings 0", out.stdout
+    assert lines[-2] == "linger True True 0 ready 4 0", out.stdout
+    assert lines[-1] == "watch True True True ready 4 0", out.stdout

@@ -18,6 +18,7 @@ from gpuworkbench.trace import cupti as cupti_mod
 from gpuworkbench.trace.cupti_detach import Deadline, ExitDetach
 
 ENTER, EXIT = 0, 1
+WORK = 20  # the callback id the fake marks as a launch
 
 
 class Fn:
@@ -60,13 +61,13 @@ class FakeLib:
         self.callback, self.domain_on = None, False
         return 0
 
-    def api_call(self) -> None:
+    def api_call(self, cbid: int = 13) -> None:
         """A CUDA call: its entry and exit reach the subscriber while its domain is on."""
         for site in (ENTER, EXIT):
             data = ctypes.c_int(site)
             callback = self.callback
             if callback is not None and self.domain_on:
-                callback(None, 1, 13, ctypes.addressof(data))
+                callback(None, 1, cbid, ctypes.addressof(data))
 
 
 class FakeRaw:
@@ -123,10 +124,18 @@ def fake_cupti(monkeypatch):
         monkeypatch.setattr(cupti_mod, name, None)
     monkeypatch.setattr(cupti_mod, "_TICKS", False)
     monkeypatch.setattr(cupti_mod, "_ATTACHED", False)
+    monkeypatch.setattr(cupti_mod, "_FRESH", False)
     monkeypatch.setattr(cupti_mod, "LINGER_S", 60.0)
+    monkeypatch.setattr(cupti_mod, "REATTACH_S", None)
+    monkeypatch.setattr(cupti_mod, "REATTACH_BETWEEN_CELLS", False)  # as in a script (%load_ext, run earlier, sets it)
+    monkeypatch.setattr(cupti_mod, "_BLOCKERS", {})
+    work = bytearray(WORK + 1)
+    work[WORK] = 1  # the fake's one call that enqueues device work
+    monkeypatch.setattr(cupti_mod, "_WORK_CBIDS", bytes(work))
     yield types.SimpleNamespace(enabled=enabled, log=log, raw=raw)
     with cupti_mod._STATE_LOCK:
         cupti_mod._LINGER.disarm()
+        cupti_mod._cancel_reattach()
 
 
 def source() -> cupti_mod.CuptiSource:
@@ -142,7 +151,7 @@ def linger_out(fake_cupti) -> FakeLib:
     s.stop()
     lib = fake_cupti.raw.lib
     deadline = time.monotonic() + 5
-    while not lib.domain_on and time.monotonic() < deadline:
+    while not (cupti_mod._DETACH is not None and cupti_mod._DETACH.armed) and time.monotonic() < deadline:
         time.sleep(0.01)
     return lib
 
@@ -175,15 +184,16 @@ def test_after_the_linger_kinds_go_off_and_cupti_is_finalized_at_the_next_cuda_c
     monkeypatch.setattr(cupti_mod, "_API_FILTER_SET", True)
     lib = linger_out(fake_cupti)
     assert fake_cupti.enabled == set() and cupti_mod._PARKED is None
-    assert lib.calls == ["subscribe", "domain 1 1"] and not cupti_mod.detached()  # waits for a CUDA call
+    # watching for untraced work while parked, not any more once unparked, then armed: waits for a CUDA call
+    assert lib.calls == ["subscribe", "domain 1 1", "domain 1 0", "domain 1 1"] and not cupti_mod.detached()
     assert "next CUDA call" in cupti_mod.state()
     lib.api_call()
-    assert lib.calls[2:] == ["unsubscribe", "finalize"] and cupti_mod.detached()
+    assert lib.calls[4:] == ["unsubscribe", "finalize"] and cupti_mod.detached()
     assert not fake_cupti.raw.ours and not cupti_mod._API_FILTER_SET  # CUPTI forgot both: set again on the next start
     again = source()
     again.start()
     assert fake_cupti.raw.registered == 2 and len(fake_cupti.enabled) == 6 and again._cutoff == 0
-    assert lib.calls[4:] == ["subscribe"]  # a new subscriber for the next detach
+    assert lib.calls[6:] == ["subscribe"]  # a new subscriber for the next detach
 
 
 def test_a_start_calls_off_a_detach_that_has_not_happened(fake_cupti, monkeypatch):
@@ -191,7 +201,7 @@ def test_a_start_calls_off_a_detach_that_has_not_happened(fake_cupti, monkeypatc
     lib = linger_out(fake_cupti)
     again = source()
     again.start()
-    assert lib.calls == ["subscribe", "domain 1 1", "domain 1 0"]  # called off: never finalized, still subscribed
+    assert lib.calls[-2:] == ["domain 1 1", "domain 1 0"]  # armed, then called off: never finalized, still subscribed
     assert fake_cupti.raw.registered == 1 and len(fake_cupti.enabled) == 6  # still attached: kinds on again
     lib.api_call()
     assert "finalize" not in lib.calls and not cupti_mod.detached()
@@ -275,3 +285,82 @@ def test_the_source_prepare_parks_lingers_for_the_first_trace_only(fake_cupti):
     first.start()
     first.stop()
     assert cupti_mod.lingering(after_trace=True)
+
+
+def wait_for(what, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not what() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return what()
+
+
+def test_untraced_work_ends_the_linger_and_cupti_is_initialized_again_with_no_kind_on(fake_cupti, monkeypatch):
+    """A lingering source is let go at the first untraced call that enqueues work, not after ``LINGER_S``; CUPTI is
+    then initialized again off that thread (``REATTACH_S``), and the next trace only enables its kinds."""
+    monkeypatch.setattr(cupti_mod, "REATTACH_S", 0.02)
+    s = source()
+    s.start()
+    s.stop()
+    lib = fake_cupti.raw.lib
+    assert cupti_mod.lingering() and lib.domain_on  # watching
+    lib.api_call()  # a call that enqueues nothing (a query, a get): the source lingers on
+    assert cupti_mod.lingering() and "finalize" not in lib.calls
+    lib.api_call(WORK)  # an untraced launch
+    assert wait_for(lambda: cupti_mod._PARKED is None and fake_cupti.enabled == set())
+    assert wait_for(lambda: cupti_mod._DETACH is not None and cupti_mod._DETACH.armed)
+    lib.api_call()  # the next call's exit lets CUPTI go
+    assert "finalize" in lib.calls and fake_cupti.raw.registered == 1
+    assert cupti_mod.settle(5) and fake_cupti.raw.registered == 2  # initialized again, on the re-attach thread
+    assert cupti_mod.state().startswith("ready") and not cupti_mod.detached() and fake_cupti.enabled == set()
+    fake_cupti.log.clear()
+    again = source()
+    again.start()
+    assert fake_cupti.raw.registered == 2 and len(fake_cupti.enabled) == 6  # enabled, not registered again
+    assert cupti_mod.state().startswith("recording")
+    again.stop()
+
+
+def test_a_trace_taking_a_lingering_source_over_stops_the_watch(fake_cupti):
+    s = source()
+    s.start()
+    s.stop()
+    lib = fake_cupti.raw.lib
+    assert lib.domain_on
+    again = source()
+    again.start()
+    assert not lib.domain_on and cupti_mod._ACTIVE is again  # its own launches are traced: nothing to watch
+    lib.api_call(WORK)
+    time.sleep(0.05)
+    assert cupti_mod._ACTIVE is again and len(fake_cupti.enabled) == 6 and "finalize" not in lib.calls
+    again.stop()
+
+
+def test_let_go_calls_off_a_due_reattach(fake_cupti, monkeypatch):
+    """``let_go`` (a benchmark's baseline, ``%gpu cupti release``) leaves CUPTI let go: a re-initialization that was
+    due does not happen."""
+    monkeypatch.setattr(cupti_mod, "REATTACH_S", 0.05)
+    s = source()
+    s.start()
+    s.stop()
+    cupti_mod.reattach_soon(0.05)
+    assert cupti_mod.let_go() and cupti_mod.detached()
+    assert cupti_mod.settle(1)
+    time.sleep(0.1)
+    assert cupti_mod.detached() and fake_cupti.raw.registered == 1
+
+
+def test_a_blocker_keeps_cupti_as_it_is_until_it_goes(fake_cupti, monkeypatch):
+    """While a persistent kernel runs (attaching or letting CUPTI go waited for it to end, on an H200), the linger
+    does not end and ``let_go`` refuses; once it goes, the linger runs its course."""
+    monkeypatch.setattr(cupti_mod, "LINGER_S", 0.02)
+    owner = object()
+    cupti_mod.block(owner, "a persistent kernel runs")
+    s = source()
+    s.start()
+    s.stop()
+    time.sleep(0.1)
+    assert cupti_mod.lingering() and cupti_mod.blocked() == "a persistent kernel runs"
+    assert not cupti_mod.let_go() and cupti_mod.lingering()
+    cupti_mod.unblock(owner)
+    assert not cupti_mod.blocked()
+    assert wait_for(lambda: not cupti_mod.lingering(), 3.0)  # the linger, re-armed for 1 s, ends

@@ -229,13 +229,19 @@ def test_a_cell_that_does_not_trace_lets_a_lingering_cupti_go_first(shell, monke
     from gpuworkbench.trace import cupti
 
     released: list[bool] = []
+    reattached: list[float] = []
     monkeypatch.setattr(cupti, "lingering", lambda after_trace=False: True)
     monkeypatch.setattr(cupti, "let_go", lambda: released.append(True) or True)
+    monkeypatch.setattr(cupti, "reattach_soon", reattached.append)
     shell.run_cell("plain = 1 + 1")
-    assert released == [True]
+    assert released == [True] and reattached == [0.0]  # initialized again once the cell has run
     shell.run_cell("%%gpu --no-show\nx = 2")
     shell.run_cell("import gpuworkbench as gw\nwith gw.trace():\n    pass")
-    assert released == [True]  # cells that trace keep the lingering CUPTI for their trace
+    assert released == [True] and reattached == [0.0]  # cells that trace keep the lingering CUPTI for their trace
     monkeypatch.setattr(cupti, "lingering", lambda after_trace=False: False)
     shell.run_cell("plain = 3")
-    assert released == [True]  # nothing lingers: nothing to let go
+    assert released == [True] and reattached == [0.0]  # nothing lingers: nothing to let go
+    monkeypatch.setattr(cupti, "_LET_GO_AT_EXIT", True)  # the cell's untraced work let a lingering source go
+    monkeypatch.setattr(cupti, "_ATTACHED", False)
+    shell.run_cell("plain = 4")
+    assert reattached == [0.0, 0.0] and not cupti._LET_GO_AT_EXIT

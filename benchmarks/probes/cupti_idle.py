@@ -5,7 +5,9 @@ several CUPTI steps, against processes that never touched CUPTI (needs a CUDA GP
 
 Steps: ``attach`` (buffer callbacks registered), ``en:KIND`` (one activity kind enabled, 200 launches, disabled),
 ``prepare`` (what ``%load_ext`` does), ``trace`` (one trace of other libraries' work, then stopped), ``linger-over``
-(the same, after the source's linger ran out and CUPTI was let go), ``finalize`` (``cuptiFinalize`` called directly).
+(the same, after the source's linger ran out and CUPTI was let go), ``finalize`` (``cuptiFinalize`` called directly),
+``let_go`` (``cupti.let_go()``), ``filter`` (the API filter set, no kind on), ``ready`` (``cupti.reattach_soon``:
+initialized again with no kind on).
 """
 
 from __future__ import annotations
@@ -55,6 +57,17 @@ def child(mode: str) -> None:
                 loop(10)  # the detach waits for a CUDA call's exit
         elif step == "finalize":
             cupti.finalize()
+        elif step == "let_go":
+            if not source_mod.let_go():
+                raise SystemExit("CUPTI could not be let go")
+        elif step == "ready":
+            source_mod.reattach_soon(0.0)
+            source_mod.settle(5)
+            assert source_mod.state().startswith("ready"), source_mod.state()
+        elif step == "filter":
+            source = source_mod.CuptiSource()
+            source._cupti = cupti
+            source._filter_api(True)
     print(json.dumps({"us": statistics.median(loop() for _ in range(9)), "detached": source_mod.detached()}))
 
 

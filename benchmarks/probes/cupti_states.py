@@ -4,6 +4,7 @@
     python benchmarks/probes/cupti_states.py [--rounds 8]
 
 States, set up untimed before each run, in alternating order: ``detached`` (CUPTI let go: as if never traced),
+``reattached`` (let go, then initialized again: buffer callbacks and the API filter set, no kind ever enabled),
 ``attached`` (attached, every kind off), ``kernels`` / ``copies`` / ``api`` (attached with only those kinds on),
 ``all`` (a parked source: what the process runs with while CUPTI lingers). Then, where torch is installed, a fresh
 ``torch.profiler.profile(activities=[CUDA])`` around the run against untraced runs with CUPTI let go (after one
@@ -39,10 +40,18 @@ def main() -> None:
 
     gw, _dev, pipe, inputs, outputs = pipeline_setup()
     launches = empty_launches()
+    source_mod.WATCH_UNTRACED = False  # a parked source stays parked through the untraced runs measured here
 
     def state(name: str) -> None:
         source_mod.let_go()
         if name == "detached":
+            return
+        if name == "reattached":
+            source_mod._raw_cupti(cupti).register()
+            source_mod._ATTACHED = True  # so that the next state's let_go finalizes it
+            source = source_mod.CuptiSource()
+            source._cupti = cupti
+            source._filter_api(True)
             return
         source = source_mod.CuptiSource()
         source.start()
@@ -59,7 +68,7 @@ def main() -> None:
         pipe.run(inputs, outputs)
         return (time.perf_counter() - t) * 1e3
 
-    names = ["detached", "attached", "kernels", "copies", "api", "all"]
+    names = ["detached", "reattached", "attached", "kernels", "copies", "api", "all"]
     ms: dict[str, list[float]] = {n: [] for n in names}
     us: dict[str, list[float]] = {n: [] for n in names}
     launches(500)

@@ -72,6 +72,20 @@ POOL_MAX = 8
 #: attached CUPTI slows every launch of the process, traced or not (see ``cupti_detach.py``); the next trace attaches
 #: again (~10 ms on an H200). 0: let go as each trace ends.
 LINGER_S = float(os.environ.get("GPUWB_CUPTI_LINGER_S", "30"))
+#: Seconds after CUPTI was let go at a CUDA call's exit (the linger ran out, or untraced work met a lingering source)
+#: until it is initialized again on a thread of ours, with no kind on (``reattach_soon``): the next trace then only
+#: enables its kinds (~0.4 ms on an H200) rather than attaching (~13 ms), while CUDA calls pay no more than in a
+#: process that never traced (see docs/benchmarks.md). None: not re-initialized (the next trace attaches).
+REATTACH_S: float | None = float(os.environ.get("GPUWB_CUPTI_REATTACH_S", "1") or "nan")
+if REATTACH_S != REATTACH_S:  # GPUWB_CUPTI_REATTACH_S= (empty): off
+    REATTACH_S = None
+#: Whether a lingering source is let go at the first untraced call that enqueues device work (a launch, copy or
+#: memset of any library on any thread), rather than lingering on for ``LINGER_S``: that work would pay the kinds.
+WATCH_UNTRACED = os.environ.get("GPUWB_CUPTI_WATCH", "1") != "0"
+#: Set by ``%load_ext gpuworkbench``: re-initialize after the cell in which CUPTI was let go (its code has run, the
+#: kernel waits for the next), not ``REATTACH_S`` later, when the cell may still be launching (a re-initialization
+#: stalls other threads' CUDA calls for several ms: 8 ms once on an H200, ``probes/cupti_attach.py``).
+REATTACH_BETWEEN_CELLS = False
 #: Flushes an activity record waits for its external id before it is handed out with ``external_id`` -1.
 HOLD_FLUSHES = 2
 #: Flushes an external-correlation entry is kept once an activity record has used it (graph launches share one).
@@ -215,6 +229,11 @@ _PARK_TOKEN = 0
 _DETACH: ExitDetach | None = None
 #: Whether CUPTI is attached by us (callbacks registered or kinds enabled since the last ``cuptiFinalize``).
 _ATTACHED = False
+#: Whether CUPTI is attached with no kind enabled since it was initialized (``reattach_soon``): what a process pays
+#: then is what one that never traced pays; one whose kinds were on pays until ``cuptiFinalize``.
+_FRESH = False
+#: Callback ids of the driver calls that enqueue device work, as a lookup table (``ExitDetach.watch``).
+_WORK_CBIDS = b""
 #: The CUPTI result that refused the last detach's subscriber or arming (0: not refused); CUPTI then stays attached.
 detach_refused = 0
 _RAW: _RawCupti | None = None
@@ -730,11 +749,11 @@ class CuptiSource:
             self._running = True
 
     def _enable(self, cupti: Any) -> None:
-        global _ATTACHED
-        _ATTACHED = True
+        global _ATTACHED, _FRESH
+        _ATTACHED, _FRESH = True, False
         if not self._raw.ours:
             self._raw.register()
-        _subscribe_detach()  # here, on the thread starting the trace: not from a thread beside CUDA calls
+        _subscribe_detach(cupti)  # here, on the thread starting the trace: not from a thread beside CUDA calls
         for name in ACTIVITY_KINDS + API_CARRIER_KINDS:
             kind = cupti.ActivityKind[name]
             cupti.activity_enable(kind)
@@ -756,6 +775,8 @@ class CuptiSource:
             return False
         _PARKED, _PARK_TOKEN = None, _PARK_TOKEN + 1
         _LINGER.disarm()
+        if _DETACH is not None:
+            _DETACH.disarm()  # stop watching for untraced work: this trace's calls are traced
         self._enabled, parked._enabled = parked._enabled, []
         self.api_filtered = parked.api_filtered
         self._cutoff = int(_to_ns(int(cupti.get_timestamp())))
@@ -980,30 +1001,8 @@ class CuptiSource:
         self.api_filtered = False  # the filter itself stays set (see _filter_api)
 
     def _filter_api(self, on: bool) -> bool:
-        """Record only the device-work API calls (``on``) or every call again; False if this CUPTI cannot. Setting it
-        is one CUPTI call per API (~1.5 ms of a trace's start and as much of its stop, measured on an H200), so it is
-        set once and stays set while no kind of ours is on (it filters only the API records, which nobody else takes
-        then); ``hand_over`` clears it before torch.profiler takes CUPTI."""
-        global _API_FILTER_SET
-        if on == _API_FILTER_SET:
-            return True
-        cupti = self._cupti
-        try:
-            for domain, enum_cls, set_api in (
-                ("driver", cupti.driver_api_trace_cbid, cupti.activity_enable_driver_api),
-                ("runtime", cupti.runtime_api_trace_cbid, cupti.activity_enable_runtime_api),
-            ):
-                prefixes = _API_PREFIXES[domain]
-                for member in enum_cls:
-                    name = member.name
-                    if name in ("INVALID", "SIZE", "FORCE_INT"):
-                        continue
-                    keep = not on or (name.startswith(prefixes) and "HostFunc" not in name)
-                    set_api(int(member), int(keep))
-        except Exception:  # noqa: BLE001  (an older CUPTI without per-API switches: records every call)
-            return False
-        _API_FILTER_SET = on
-        return True
+        """``_filter_api`` on this source's cupti module."""
+        return _filter_api(self._cupti, on)
 
     def api_name(self, runtime: int, cbid: int) -> str:
         """The name of a driver (``runtime`` 0) or runtime API call from its callback id, e.g. 'cuLaunchKernel'."""
@@ -1231,6 +1230,42 @@ class CuptiSource:
         return _read_c_string(pointer)
 
 
+def _filter_api(cupti: Any, on: bool) -> bool:
+    """Record only the device-work API calls (``on``) or every call again; False if this CUPTI cannot. Setting it
+    is one CUPTI call per API (~1.5 ms of a trace's start and as much of its stop, measured on an H200), so it is
+    set once and stays set while no kind of ours is on (it filters only the API records, which nobody else takes
+    then); ``hand_over`` clears it before torch.profiler takes CUPTI."""
+    global _API_FILTER_SET
+    if on == _API_FILTER_SET:
+        return True
+    try:
+        for domain, enum_cls, set_api in (
+            ("driver", cupti.driver_api_trace_cbid, cupti.activity_enable_driver_api),
+            ("runtime", cupti.runtime_api_trace_cbid, cupti.activity_enable_runtime_api),
+        ):
+            prefixes = _API_PREFIXES[domain]
+            for member in enum_cls:
+                name = member.name
+                if name in ("INVALID", "SIZE", "FORCE_INT"):
+                    continue
+                keep = not on or (name.startswith(prefixes) and "HostFunc" not in name)
+                set_api(int(member), int(keep))
+    except Exception:  # noqa: BLE001  (an older CUPTI without per-API switches: records every call)
+        return False
+    _API_FILTER_SET = on
+    return True
+
+
+def _work_table(cupti: Any) -> bytes:
+    """``_WORK_CBIDS`` from this CUPTI's driver callback ids: 1 where a call enqueues device work."""
+    members = [m for m in cupti.driver_api_trace_cbid if m.name not in ("INVALID", "SIZE", "FORCE_INT")]
+    table = bytearray(max((int(m) for m in members), default=0) + 1)
+    for m in members:
+        if m.name.startswith(_API_PREFIXES["driver"]) and "HostFunc" not in m.name:
+            table[int(m)] = 1
+    return bytes(table)
+
+
 def _span_dicts(cols: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     """One dict per row of the joined columns."""
     names = ("kind", "start", "end", "external_id", "bytes", "name", "pinned", "stream_id", "device_id")
@@ -1245,10 +1280,14 @@ ATTACH_EARLY = True
 
 
 def _park(source: CuptiSource) -> None:
-    """Leave ``source``'s kinds on for ``LINGER_S`` (under ``_STATE_LOCK``); then ``_linger_over`` lets CUPTI go."""
+    """Leave ``source``'s kinds on for ``LINGER_S`` (under ``_STATE_LOCK``); then ``_linger_over`` lets CUPTI go. With
+    ``WATCH_UNTRACED``, sooner: at the first untraced call that enqueues device work."""
     global _PARKED, _PARK_TOKEN
     _PARKED, _PARK_TOKEN = source, _PARK_TOKEN + 1
-    _LINGER.arm(LINGER_S, _PARK_TOKEN)
+    token = _PARK_TOKEN
+    _LINGER.arm(LINGER_S, token)
+    if WATCH_UNTRACED and _DETACH is not None and _WORK_CBIDS:
+        _DETACH.watch(lambda: _LINGER.arm(0.0, token), _WORK_CBIDS)
 
 
 def _unpark() -> bool:
@@ -1259,6 +1298,8 @@ def _unpark() -> bool:
         return False
     _PARKED, _PARK_TOKEN = None, _PARK_TOKEN + 1
     _LINGER.disarm()
+    if _DETACH is not None:
+        _DETACH.disarm()  # stop watching: every call would go on paying for the callback
     source._disable_all()
     if _RAW is not None:
         _RAW.flush_all(1)  # no source is active: the callbacks drop these records
@@ -1269,19 +1310,30 @@ def _linger_over(token: int) -> None:
     """No trace took the parked source over in time: kinds off, then CUPTI finalized at the next CUDA call's exit."""
     global detach_refused
     with _STATE_LOCK:
-        if token != _PARK_TOKEN or not _unpark() or _DETACH is None:
+        if token != _PARK_TOKEN:
             return
-        status = _DETACH.arm()
+        if blocked():  # turning kinds off and flushing could wait for the blocker too: linger on
+            _LINGER.arm(max(LINGER_S, 1.0), token)
+            return
+        if not _unpark() or _DETACH is None:
+            return
+        detach = _DETACH
+        status = detach.arm()
         if status:
             detach_refused = status  # CUPTI stays attached (kinds off): the next trace enables them again
+            return
+    detach.host_exit()  # a CUDA call of this thread's own: its exit lets CUPTI go here, not in the user's next call
 
 
-def _subscribe_detach() -> None:
+def _subscribe_detach(cupti: Any) -> None:
     """Hold CUPTI's callback subscriber for the detach (under ``_STATE_LOCK``), unless held already."""
-    global _DETACH, detach_refused
+    global _DETACH, _WORK_CBIDS, detach_refused
     if _RAW is None or (_DETACH is not None and _DETACH.subscribed):
         return
-    detach = ExitDetach(_RAW.lib, _detached)
+    if not _WORK_CBIDS:
+        with contextlib.suppress(Exception):  # a cupti without the enum: no watch, the linger runs its course
+            _WORK_CBIDS = _work_table(cupti)
+    detach = ExitDetach(_RAW.lib, _detached_at_exit)
     detach_refused = detach.subscribe()  # non-zero: another subscriber (Kineto's): CUPTI stays attached after it
     if not detach_refused:
         _DETACH = detach
@@ -1289,12 +1341,88 @@ def _subscribe_detach() -> None:
 
 def _detached() -> None:
     """Right after ``cuptiFinalize`` (inside a CUDA call, on its thread): what CUPTI forgot must be set again."""
-    global _API_FILTER_SET, _TICK_REF, _TICKS_PER_NS, _ATTACHED
-    _ATTACHED = False
+    global _API_FILTER_SET, _TICK_REF, _TICKS_PER_NS, _ATTACHED, _FRESH
+    _ATTACHED = _FRESH = False
     if _RAW is not None:
         _RAW.ours = False
     _API_FILTER_SET = False
     _TICK_REF, _TICKS_PER_NS = None, 1.0  # another tool's timestamp callback may be gone with it: learn the rate again
+
+
+def block(owner: object, reason: str) -> None:
+    """While ``owner`` holds a block, CUPTI is neither attached nor let go (a persistent kernel loops: attaching CUPTI
+    waited for it to end, measured on an H200): traces time the workbench's own ops by events, saying ``reason``."""
+    _BLOCKERS[id(owner)] = reason
+
+
+def unblock(owner: object) -> None:
+    _BLOCKERS.pop(id(owner), None)
+
+
+def blocked() -> str:
+    """Why CUPTI must not be attached or let go now ('' if nothing blocks it)."""
+    return next(iter(_BLOCKERS.values()), "") if _BLOCKERS else ""
+
+
+def _detached_at_exit() -> None:
+    """``cuptiFinalize`` ran at a CUDA call's exit: CUPTI is initialized again ``REATTACH_S`` later, off that thread,
+    or, in a notebook, once the cell has run (``reattach_due``)."""
+    global _LET_GO_AT_EXIT
+    _detached()
+    _LET_GO_AT_EXIT = True
+    if REATTACH_S is not None and not REATTACH_BETWEEN_CELLS:
+        reattach_soon(REATTACH_S)
+
+
+def reattach_due() -> bool:
+    """Whether CUPTI was let go at a CUDA call's exit and not initialized again since (clears the mark)."""
+    global _LET_GO_AT_EXIT
+    due, _LET_GO_AT_EXIT = _LET_GO_AT_EXIT and not _ATTACHED, False
+    return due
+
+
+def reattach_soon(delay_s: float = 0.0) -> None:
+    """Initialize CUPTI again ``delay_s`` from now on a thread of ours, with no kind on (buffer callbacks and the API
+    filter set: ~13 ms on an H200), so that the next trace only enables its kinds. Nothing happens if CUPTI is
+    attached by then, a source records, or another tool holds CUPTI. ``settle`` waits for it."""
+    _REATTACHED.clear()
+    _REATTACH.arm(delay_s, _REATTACH_TOKEN)
+
+
+def settle(timeout_s: float = 1.0) -> bool:
+    """Wait up to ``timeout_s`` for a re-initialization that is due or under way; True once none is."""
+    return _REATTACHED.wait(timeout_s)
+
+
+def _reattach(token: int) -> None:
+    global _ATTACHED, _FRESH
+    try:
+        with _STATE_LOCK:
+            raw = _RAW
+            if token != _REATTACH_TOKEN or _ATTACHED or _ACTIVE is not None or raw is None or other_client():
+                return
+            if blocked():
+                _REATTACH.arm(max(REATTACH_S or 0.0, 1.0), token)  # again once nothing blocks it
+                _REATTACHED.set()
+                return
+            from cupti import cupti
+
+            raw.register()
+            _ATTACHED = _FRESH = True
+            if API_FILTER and API_CARRIER_KINDS:
+                _filter_api(cupti, True)
+    except Exception:  # noqa: BLE001  the next trace attaches, and says why if it cannot
+        pass
+    finally:
+        _REATTACHED.set()
+
+
+def _cancel_reattach() -> None:
+    """Call off a re-initialization that is due or waits for ``_STATE_LOCK`` (held by the caller)."""
+    global _REATTACH_TOKEN
+    _REATTACH_TOKEN += 1
+    _REATTACH.disarm()
+    _REATTACHED.set()
 
 
 def _cancel_detach(unsubscribe: bool = False) -> None:
@@ -1320,11 +1448,12 @@ def let_go() -> bool:
     """Let CUPTI go now rather than after ``LINGER_S``: a parked source's kinds off, then ``cuptiFinalize`` on this
     thread. Only where no other thread makes CUDA calls (CUPTI asks for a call's exit otherwise); for benchmarks that
     need a process as if it never traced. False if a source records, CUPTI is not attached, or another tool holds it."""
-    if _ACTIVE is not None or _RAW is None or not _ATTACHED or other_client():
+    if _ACTIVE is not None or _RAW is None or not _ATTACHED or other_client() or blocked():
         return False
     with _STATE_LOCK:
         _unpark()
         _cancel_detach(unsubscribe=True)
+        _cancel_reattach()
         if _ACTIVE is not None:
             return False
         lib = _RAW.lib
@@ -1355,6 +1484,13 @@ def state() -> str:
         )
     if _DETACH is not None and _DETACH.armed:
         return "kinds off; CUPTI is let go at the exit of the next CUDA call"
+    if _REATTACH.armed:
+        return "not attached: CUDA calls pay nothing for it; initialized again (no kind on) shortly"
+    if _ATTACHED and _FRESH:
+        return (
+            "ready: initialized again with no kind on, so that the next trace only enables its kinds; CUDA calls "
+            "pay about what they pay in a process that never traced"
+        )
     if _ATTACHED:
         if detach_refused:
             return (
@@ -1366,6 +1502,12 @@ def state() -> str:
 
 
 _LINGER = Deadline(_linger_over, "gpuworkbench-cupti-linger")
+_REATTACH = Deadline(_reattach, "gpuworkbench-cupti-reattach")
+_REATTACHED = threading.Event()
+_REATTACHED.set()
+_REATTACH_TOKEN = 0
+_LET_GO_AT_EXIT = False
+_BLOCKERS: dict[int, str] = {}
 
 
 def hand_over() -> None:
@@ -1376,6 +1518,7 @@ def hand_over() -> None:
     with _STATE_LOCK:
         _unpark()
         _cancel_detach(unsubscribe=True)
+        _cancel_reattach()
     raw = _RAW
     if raw is not None and _ACTIVE is None:
         raw.hand_back()
@@ -1383,9 +1526,7 @@ def hand_over() -> None:
             with contextlib.suppress(Exception):
                 from cupti import cupti
 
-                source = CuptiSource()
-                source._cupti = cupti
-                source._filter_api(False)  # the other tool records every API call again
+                _filter_api(cupti, False)  # the other tool records every API call again
 
 
 def callbacks_unknown() -> None:
@@ -1455,6 +1596,7 @@ def _stop_active_at_exit() -> None:
         with contextlib.suppress(Exception):
             source.stop()  # parks it: turned off just below
     with contextlib.suppress(Exception), _STATE_LOCK:
+        _cancel_reattach()
         _unpark()
         _cancel_detach(unsubscribe=True)
 

@@ -26,14 +26,19 @@ _API_EXIT = 1  # CUPTI_API_EXIT, the first field (callbackSite) of CUpti_Callbac
 #: still be inside it (returning early) when its subscriber goes.
 _CURRENT: ExitDetach | None = None
 _TRAMPOLINE: Any = None
+_LIBCUDA: Any = None
 
 
-def _on_api(_userdata: Any, _domain: int, _cbid: int, data: Any) -> None:
+def _on_api(_userdata: Any, _domain: int, cbid: int, data: Any) -> None:
     """Every driver API call's entry and exit, on its thread, while a detach is subscribed."""
     try:
         detach = _CURRENT
-        if detach is not None and detach.armed and data and ctypes.c_int.from_address(data).value == _API_EXIT:
+        if detach is None or not data or ctypes.c_int.from_address(data).value != _API_EXIT:
+            return
+        if detach.armed:
             detach._exit()
+        elif detach.watching:
+            detach._work_seen(cbid)
     except BaseException:  # noqa: BLE001  nothing may escape into a CUDA call
         pass
 
@@ -44,16 +49,19 @@ class ExitDetach:
     ``subscribe`` where no other thread is inside a CUDA call is known to be safe: on the H200, subscribing while
     another thread launched kernels crashed that thread in 3 of 5 runs; subscribing at attach time and enabling the
     callbacks later from another thread did not (5 of 5). ``arm`` (any thread) enables the driver API's callbacks;
-    the first exit then unsubscribes and finalizes. ``disarm`` turns them off again unless that has begun.
+    the first exit then unsubscribes and finalizes. ``watch`` (any thread) enables them to report the first call
+    that enqueues device work instead. ``disarm`` turns them off again unless a finalize has begun.
     ``lib``: libcupti through ctypes. ``on_detached`` runs right after ``cuptiFinalize``, on that thread, inside the
-    CUDA call: it must only set flags."""
+    CUDA call: it must be quick (set flags, signal a thread)."""
 
     def __init__(self, lib: Any, on_detached: Callable[[], None]) -> None:
         self._lib = lib
         self._on_detached = on_detached
         self._gate = threading.Lock()  # held while armed is decided: the callback finalizes, ``disarm`` does not
         self._subscriber = ctypes.c_void_p()
-        self.subscribed = self.armed = False
+        self.subscribed = self.armed = self.watching = False
+        self._work = b""
+        self._on_work: Callable[[], None] | None = None
         #: Set once CUPTI is finalized (or the attempt failed: ``status``).
         self.done = threading.Event()
         self.finalized = False
@@ -84,11 +92,51 @@ class ExitDetach:
         if not self.subscribed or self.done.is_set():
             return -1
         with self._gate:
-            self.armed = True
-            status = int(self._lib.cuptiEnableDomain(1, self._subscriber, _DRIVER_API_DOMAIN))
+            on, self.armed, self.watching = self.watching, True, False
+            status = 0 if on else int(self._lib.cuptiEnableDomain(1, self._subscriber, _DRIVER_API_DOMAIN))
             if status:
                 self.armed = False
         return status
+
+    def watch(self, on_work: Callable[[], None], work: bytes) -> int:
+        """Enable the driver API's callbacks and call ``on_work`` at the exit of the first call whose callback id
+        ``work`` marks (``work[cbid]`` non-zero: a launch, copy or memset), on that call's thread, inside the call: it
+        must only signal. 0, or CUPTI's refusal."""
+        if not self.subscribed or self.done.is_set():
+            return -1
+        with self._gate:
+            self._work, self._on_work = work, on_work
+            self.watching = True
+            status = int(self._lib.cuptiEnableDomain(1, self._subscriber, _DRIVER_API_DOMAIN))
+            if status:
+                self.watching = False
+        return status
+
+    def _work_seen(self, cbid: int) -> None:
+        """A call's exit while watching: the first one that enqueues work reports it (once; two threads at once may
+        both report, which ``on_work`` must allow)."""
+        work = self._work
+        if cbid >= len(work) or not work[cbid] or not self.watching:
+            return
+        self.watching = False
+        on_work = self._on_work
+        if on_work is not None:
+            on_work()
+
+    def host_exit(self) -> bool:
+        """Make one cheap CUDA driver call (``cuCtxGetCurrent``) on this thread, so that an armed detach finalizes in
+        its exit here rather than in another thread's next call (a finalize takes ~2 ms on an H200). False if the
+        driver cannot be loaded; another thread's call may still come first, which is as safe."""
+        global _LIBCUDA
+        if not self.armed:
+            return False
+        try:
+            if _LIBCUDA is None:
+                _LIBCUDA = ctypes.CDLL("libcuda.so.1")  # loaded already by whoever made CUDA calls: the same library
+            _LIBCUDA.cuCtxGetCurrent(ctypes.byref(ctypes.c_void_p()))
+        except OSError:
+            return False
+        return True
 
     def _exit(self) -> None:
         """A CUDA call's exit: the first one while armed (on any thread) unsubscribes and finalizes."""
@@ -115,9 +163,9 @@ class ExitDetach:
         if not self._gate.acquire(timeout=timeout_s):
             return not self.finalized
         try:
-            if self.armed and not self.done.is_set():
+            if (self.armed or self.watching) and not self.done.is_set():
+                self.armed = self.watching = False
                 self._lib.cuptiEnableDomain(0, self._subscriber, _DRIVER_API_DOMAIN)
-                self.armed = False
             return not self.finalized
         finally:
             self._gate.release()

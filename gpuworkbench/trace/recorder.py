@@ -152,15 +152,15 @@ class _Columns:
 
     def __init__(self, schema: Mapping[str, Any], capacity: int) -> None:
         self.schema, self.capacity = dict(schema), capacity
-        self.size = min(1024, capacity)
-        self.cols = {c: np.zeros(self.size, dtype=dt) for c, dt in self.schema.items()}
+        self.size = 0  # allocated on the first rows: a trace's start makes no arrays
+        self.cols = {c: np.zeros(0, dtype=dt) for c, dt in self.schema.items()}
         self.count = 0  # rows ever appended
         self.dropped = 0
 
     def _grow(self, rows: int) -> None:
         """Double the arrays (up to ``capacity``) until ``rows`` more fit."""
         while self.count + rows > self.size and self.size < self.capacity:
-            new = min(self.size * 2, self.capacity)
+            new = min(max(self.size * 2, 1024), self.capacity)
             for c, arr in self.cols.items():
                 grown = np.zeros(new, dtype=arr.dtype)
                 grown[: self.size] = arr
@@ -387,6 +387,11 @@ class Trace:
         ok, why = cupti_module.CuptiSource.available()
         if not ok:
             self._cupti_reason = why
+            return why
+        why = cupti_module.blocked()
+        if why and cupti_module.detached():  # attaching would wait for the blocker (a taken-over source would not)
+            self._cupti_reason = why
+            self._warn_once(f"CUPTI not used: {why}; this trace times its own ops by events and sees no other work")
             return why
         other = cupti_module.other_client()
         if other:
