@@ -1,10 +1,11 @@
 """What CUPTI costs one 16 x 64 MiB pipeline run and an empty-kernel launch, per CUPTI state, with no trace recording
 (needs a CUDA GPU, CuPy and cupti-python; torch optional).
 
-    python benchmarks/probes/cupti_states.py [--rounds 8]
+    python benchmarks/probes/cupti_states.py [--rounds 8] [--states detached,reattached]
 
 States, set up untimed before each run, in alternating order: ``detached`` (CUPTI let go: as if never traced),
-``reattached`` (let go, then initialized again: buffer callbacks and the API filter set, no kind ever enabled),
+``reattached`` (let go, then initialized again: buffer callbacks and the API filter set, no kind ever enabled;
+``reattached-nofilter``: without the filter),
 ``attached`` (attached, every kind off), ``kernels`` / ``copies`` / ``api`` (attached with only those kinds on),
 ``all`` (a parked source: what the process runs with while CUPTI lingers). Then, where torch is installed, a fresh
 ``torch.profiler.profile(activities=[CUDA])`` around the run against untraced runs with CUPTI let go (after one
@@ -33,6 +34,7 @@ KINDS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--states", default="", help="comma-separated subset of the states (default: all)")
     args = parser.parse_args()
     from cupti import cupti
 
@@ -46,12 +48,11 @@ def main() -> None:
         source_mod.let_go()
         if name == "detached":
             return
-        if name == "reattached":
+        if name.startswith("reattached"):
             source_mod._raw_cupti(cupti).register()
             source_mod._ATTACHED = True  # so that the next state's let_go finalizes it
-            source = source_mod.CuptiSource()
-            source._cupti = cupti
-            source._filter_api(True)
+            if name == "reattached":
+                source_mod._filter_api(cupti, True)
             return
         source = source_mod.CuptiSource()
         source.start()
@@ -68,7 +69,13 @@ def main() -> None:
         pipe.run(inputs, outputs)
         return (time.perf_counter() - t) * 1e3
 
-    names = ["detached", "reattached", "attached", "kernels", "copies", "api", "all"]
+    names = (
+        args.states.split(",")
+        if args.states
+        else ["detached", "reattached", "attached", "kernels", "copies", "api", "all"]
+    )
+    if names[0] != "detached":
+        raise SystemExit("the first state must be 'detached', the baseline")
     ms: dict[str, list[float]] = {n: [] for n in names}
     us: dict[str, list[float]] = {n: [] for n in names}
     launches(500)
@@ -92,6 +99,8 @@ def main() -> None:
         import torch
         from torch.profiler import ProfilerActivity, profile
     except ImportError:
+        return
+    if args.states:
         return
     torch.zeros(1, device="cuda")
     with profile(activities=[ProfilerActivity.CUDA]):  # a process's first session sets Kineto up: seconds, untimed

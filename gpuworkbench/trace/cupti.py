@@ -76,7 +76,7 @@ LINGER_S = float(os.environ.get("GPUWB_CUPTI_LINGER_S", "30"))
 #: until it is initialized again on a thread of ours, with no kind on (``reattach_soon``): the next trace then only
 #: enables its kinds (~0.4 ms on an H200) rather than attaching (~13 ms), while CUDA calls pay no more than in a
 #: process that never traced (see docs/benchmarks.md). None: not re-initialized (the next trace attaches).
-REATTACH_S: float | None = float(os.environ.get("GPUWB_CUPTI_REATTACH_S", "1") or "nan")
+REATTACH_S: float | None = float(os.environ.get("GPUWB_CUPTI_REATTACH_S", "0.1") or "nan")
 if REATTACH_S != REATTACH_S:  # GPUWB_CUPTI_REATTACH_S= (empty): off
     REATTACH_S = None
 #: Whether a lingering source is let go at the first untraced call that enqueues device work (a launch, copy or

@@ -199,9 +199,10 @@ class Deadline:
             self._cond.notify()
 
     def disarm(self) -> None:
+        """Cancel the armed call. The thread is not woken (a trace's start calls this): it finds nothing due when its
+        wait ends."""
         with self._cond:
             self._due = None
-            self._cond.notify()
 
     @property
     def armed(self) -> bool:
