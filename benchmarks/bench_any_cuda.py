@@ -1,13 +1,14 @@
 """Seeing other libraries' CUDA work, and what it costs (needs a CUDA GPU, CuPy, PyTorch and cupti-python).
 
-    python benchmarks/bench_any_cuda.py proof     # CuPy + PyTorch work: a gpuworkbench trace against torch.profiler
+    python benchmarks/bench_any_cuda.py proof [--rounds 12]  # CuPy + PyTorch work: a trace against torch.profiler
     python benchmarks/bench_any_cuda.py cost      # trace start, the first trace of a process, idle and launch cost
     python benchmarks/bench_any_cuda.py coexist   # torch.profiler inside and after a gpuworkbench trace
 
 Each prints one JSON object per result. ``proof`` runs one mixed workload (PyTorch matmuls and ReLU on a stream of its
-own, CuPy H2D from pinned and pageable memory, an elementwise expression and a reduction on another) twice: once
-inside ``gw.trace()`` and once inside ``torch.profiler.profile()`` (CUPTI under both; the profiler is ground truth),
-and compares kernel counts per stream, per-kernel durations, copy bytes and overlap.
+own, CuPy H2D from pinned and pageable memory, an elementwise expression and a reduction on another) twice a round,
+in alternating order: once inside ``gw.trace()`` and once inside ``torch.profiler.profile(activities=[CUDA])`` (CUPTI
+under both; the profiler is ground truth), and compares kernel counts per stream, per-kernel durations, copy bytes
+and overlap.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ import time
 import numpy as np
 
 HERE = os.path.abspath(__file__)
+
+
+def _option(name: str, default: int) -> int:
+    """An integer option given as ``name N`` after the mode, else ``default``."""
+    return int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
 def emit(**fields) -> None:
@@ -109,12 +115,16 @@ def proof() -> None:
 
     work = Workload()
     rounds = []
-    for _ in range(5):
-        with gw.trace(others=True) as t:
-            work.run()
-        table = t.table()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            work.run()
+    for r in range(_option("--rounds", 12)):
+        # ABBA: which capture runs first alternates; torch.profiler records device activity only, as the trace does
+        for who in ("ours", "torch") if r % 2 == 0 else ("torch", "ours"):
+            if who == "ours":
+                with gw.trace(others=True) as t:
+                    work.run()
+                table = t.table()
+            else:
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    work.run()
         path = tempfile.mktemp(suffix=".json")
         prof.export_chrome_trace(path)
         theirs = torch_spans(path)
@@ -160,6 +170,15 @@ def proof() -> None:
             who: sorted((s["kind"], s["bytes"], s["pinned"]) for s in spans if s["kind"] in ("h2d", "d2h", "d2d"))
             for who, spans in (("ours", ours), ("torch", theirs))
         }
+        copy_ns = {
+            who: {
+                f"{kind} {'pinned' if pinned else 'pageable'}": sum(
+                    s["end_ns"] - s["start_ns"] for s in spans if (s["kind"], s["pinned"]) == (kind, pinned)
+                )
+                for kind, pinned in {(s["kind"], s["pinned"]) for s in spans if s["kind"] in ("h2d", "d2h", "d2d")}
+            }
+            for who, spans in (("ours", ours), ("torch", theirs))
+        }
         overlap = {
             who: summarize(gw.Trace.from_records(spans).table()).overlap_pct if spans else None
             for who, spans in (("ours", ours), ("torch", theirs))
@@ -174,6 +193,7 @@ def proof() -> None:
                 "kernel_duration_abs_diff_ns_max": max(diffs) if diffs else None,
                 "copies_equal": copies["ours"] == copies["torch"],
                 "copies": copies,
+                "copy_ns": copy_ns,
                 "overlap_pct": overlap,
                 "kernel_pairs": pairs,
                 "api_spans": int((table["kind"] == KINDS.index("api")).sum()),
@@ -198,6 +218,16 @@ def proof() -> None:
         kernel_duration_abs_diff_ns_median_per_round=[r["kernel_duration_abs_diff_ns_median"] for r in rounds],
         overlap_pct_median={"ours": statistics.median(ours_overlap), "torch": statistics.median(torch_overlap)},
         overlap_points_apart=abs(statistics.median(ours_overlap) - statistics.median(torch_overlap)),
+        overlap_points_apart_paired=statistics.median(
+            r["overlap_pct"]["ours"] - r["overlap_pct"]["torch"]
+            for r in rounds
+            if None not in (r["overlap_pct"]["ours"], r["overlap_pct"]["torch"])
+        ),
+        overlap_pct_per_round=[r["overlap_pct"] for r in rounds],
+        copy_ns_ours_minus_torch_median={
+            key: statistics.median(r["copy_ns"]["ours"][key] - r["copy_ns"]["torch"].get(key, 0) for r in rounds)
+            for key in rounds[0]["copy_ns"]["ours"]
+        },
     )
     del torch
 

@@ -119,8 +119,15 @@ def main() -> None:
         }
         results.append(row)
         print(json.dumps(row), flush=True)
+    _timed(recorder.Trace, "__init__", "Trace()")
     _timed(recorder.Trace, "start", "Trace.start")
+    _timed(recorder.Trace, "_start_cupti", "Trace._start_cupti")
+    _timed(recorder.Trace, "_sample_window_offset", "Trace._sample_window_offset")
+    _timed(recorder.HARVEST_THREADS, "run", "HarvestThreads.run")
+    _timed(recorder.Trace, "stop", "Trace.stop")
     _timed(cupti_source.CuptiSource, "start", "CuptiSource.start")
+    _timed(cupti_source.CuptiSource, "clock_sample", "CuptiSource.clock_sample")
+    _timed(cupti_source.ExitDetach, "disarm", "ExitDetach.disarm")
     _timed(cupti_source.CuptiSource, "stop", "CuptiSource.stop (on the harvest thread)")
     empty = []
     _empty_trace(gw)
