@@ -26,6 +26,22 @@ import numpy as np
 HERE = os.path.abspath(__file__)
 
 
+def time_calls(owner: object, name: str, label: str, times: dict[str, list[float]], per_arg: bool = False) -> None:
+    """Wrap ``owner.name`` so that each call's duration (ms) is appended to ``times[label]`` (``per_arg``: to
+    ``times[f"{label} {first argument's name}"]``)."""
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter_ns()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            key = f"{label} {getattr(args[0], 'name', args[0])}" if per_arg and args else label
+            times.setdefault(key, []).append((time.perf_counter_ns() - t0) / 1e6)
+
+    setattr(owner, name, wrapper)
+
+
 def _option(name: str, default: int) -> int:
     """An integer option given as ``name N`` after the mode, else ``default``."""
     return int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default

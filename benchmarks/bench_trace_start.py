@@ -25,7 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_any_cuda import pipeline_setup  # noqa: E402
+from bench_any_cuda import pipeline_setup, time_calls  # noqa: E402
 
 from gpuworkbench.trace import cupti as cupti_source  # noqa: E402
 from gpuworkbench.trace import recorder  # noqa: E402
@@ -36,16 +36,7 @@ GAP_S = 0.2
 
 
 def _timed(owner: object, name: str, label: str) -> None:
-    original = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter_ns()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            TIMES.setdefault(label, []).append((time.perf_counter_ns() - t0) / 1e6)
-
-    setattr(owner, name, wrapper)
+    time_calls(owner, name, label, TIMES)
 
 
 def _empty_trace(gw) -> None:

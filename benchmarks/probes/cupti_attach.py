@@ -20,24 +20,18 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_any_cuda import time_calls  # noqa: E402
 
 STEPS: dict[str, list[float]] = {}
 
 
 def _timed(owner: object, name: str, label: str | None = None) -> None:
-    original = getattr(owner, name)
+    time_calls(owner, name, label or "enable", STEPS, per_arg=name == "activity_enable")
 
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter_ns()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            key = label or name
-            if name == "activity_enable" and args:
-                key = f"enable {getattr(args[0], 'name', args[0])}"
-            STEPS.setdefault(key, []).append((time.perf_counter_ns() - t0) / 1e6)
 
-    setattr(owner, name, wrapper)
+def _emit(what: str, values: list[float]) -> None:
+    row = {"what": what, "ms_median": round(statistics.median(values), 3), "all": [round(x, 2) for x in values]}
+    print(json.dumps(row), flush=True)
 
 
 def main() -> None:
@@ -84,26 +78,8 @@ def main() -> None:
         total.append((time.perf_counter_ns() - t0) / 1e6)
         t.wait_pending()
         first.append(times)
-    print(
-        json.dumps(
-            {
-                "what": "cuptiFinalize (let_go)",
-                "ms_median": round(statistics.median(finalize), 3),
-                "all": [round(x, 2) for x in finalize],
-            }
-        ),
-        flush=True,
-    )
-    print(
-        json.dumps(
-            {
-                "what": "with gw.trace(): 5 launches, attaching again",
-                "ms_median": round(statistics.median(total), 3),
-                "all": [round(x, 2) for x in total],
-            }
-        ),
-        flush=True,
-    )
+    _emit("cuptiFinalize (let_go)", finalize)
+    _emit("with gw.trace(): 5 launches, attaching again", total)
     for key, values in STEPS.items():
         print(
             json.dumps(
