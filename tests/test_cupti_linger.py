@@ -166,7 +166,9 @@ def test_a_stopped_source_parks_and_the_next_takes_its_kinds_over_without_enabli
     assert cupti_mod.state().startswith("recording")
     first.stop()
     assert not first.running and cupti_mod._PARKED is first and cupti_mod._ACTIVE is None
-    assert cupti_mod.state().startswith("lingering") and "let go in " in cupti_mod.state()
+    assert cupti_mod.state().startswith("lingering") and "at the first untraced launch, copy or memset, or in " in (
+        cupti_mod.state()
+    )
     assert cupti_mod.lingering() and cupti_mod.lingering(after_trace=True)
     assert len(fake_cupti.enabled) == 6 and not any(e.startswith("disable") for e in fake_cupti.log)
     fake_cupti.log.clear()

@@ -1478,9 +1478,11 @@ def state() -> str:
     if _PARKED is not None:
         left = _LINGER.left_s()
         when = f"in {left:.0f} s" if left is not None else "soon"
+        watching = _DETACH is not None and _DETACH.watching
         return (
-            f"lingering: attached with its kinds on, so that the next trace starts at no cost; let go {when} "
-            f"unless a trace takes it over (cupti.LINGER_S = {LINGER_S:g}). Every CUDA call pays for it meanwhile"
+            f"lingering: attached with its kinds on, so that the next trace starts at no cost; let go "
+            f"{'at the first untraced launch, copy or memset, or ' if watching else ''}{when} unless a trace takes "
+            f"it over (cupti.LINGER_S = {LINGER_S:g}). Every CUDA call pays for it meanwhile"
         )
     if _DETACH is not None and _DETACH.armed:
         return "kinds off; CUPTI is let go at the exit of the next CUDA call"
