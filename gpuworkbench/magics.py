@@ -84,11 +84,10 @@ def register(ipython: Any) -> None:
         ipython.events.register("pre_run_cell", _let_go_before_untraced_cell)
     if _reattach_after_cell not in ipython.events.callbacks["post_run_cell"]:
         ipython.events.register("post_run_cell", _reattach_after_cell)
-    cupti.REATTACH_BETWEEN_CELLS = True
 
 
-#: Words in a cell's source that say it traces: CUPTI lingering after a trace is kept for it.
-_TRACING_WORDS = ("%%gpu", "%gpu live", "trace(", "gw.dask", ".live(")
+#: Words in a cell's source that say it traces (or asks about CUPTI): CUPTI lingering after a trace is kept for it.
+_TRACING_WORDS = ("%%gpu", "%gpu live", "%gpu cupti", "trace(", "gw.dask", ".live(")
 
 
 _let_go_in_cell = False
@@ -96,11 +95,14 @@ _let_go_in_cell = False
 
 def _let_go_before_untraced_cell(info: Any) -> None:
     """Before a cell that does not trace, let go the CUPTI a trace left lingering: it would slow every CUDA call of the
-    cell (an empty launch 1.5 ×) for the rest of ``cupti.LINGER_S``. Cells that trace keep it, and start at no cost;
-    so do the cells before the first trace, for which ``%load_ext`` parked one. Runs on the kernel's thread between
-    cells, once CUPTI's re-initialization after the last cell is done; a trace that still records keeps CUPTI."""
+    cell (an empty launch 1.5 ×) until its first launch, copy or memset lets it go. Cells that trace (or ask about
+    CUPTI: ``%gpu cupti``) keep it, and start at no cost; so do the cells before the first trace, for which
+    ``%load_ext`` parked one, until one launches work. Runs on the kernel's thread, after waiting (up to 1 s) for a
+    re-initialization of CUPTI due after the last cell; marks the cell as running (``cupti.CELL_RUNNING``); a trace
+    that still records keeps CUPTI."""
     global _let_go_in_cell
     cupti.settle(1.0)
+    cupti.CELL_RUNNING = True
     if not cupti.lingering(after_trace=True):
         return
     source = getattr(info, "raw_cell", "") or ""
@@ -110,14 +112,16 @@ def _let_go_before_untraced_cell(info: Any) -> None:
 
 
 def _reattach_after_cell(_result: Any) -> None:
-    """After a cell before which or in which CUPTI was let go (its untraced work met a lingering source): initialize
-    it again (no kind on) on a thread of ours while the kernel waits for the next cell, so that a tracing cell later
-    only enables its kinds (~0.4 ms, not ~13 ms)."""
+    """After a cell before which or in which CUPTI was let go (untraced work met a lingering source, or the linger
+    ran out): initialize it again (no kind on) on a thread of ours while the kernel waits for the next cell, so that a
+    tracing cell later only enables its kinds (~0.3 ms, not ~12–16 ms); not where ``cupti.REATTACH_S`` is None. A
+    let-go between cells re-initializes ``REATTACH_S`` later by itself."""
     global _let_go_in_cell
+    cupti.CELL_RUNNING = False
     due = cupti.reattach_due()
-    if _let_go_in_cell or due:
-        _let_go_in_cell = False
+    if (_let_go_in_cell or due) and cupti.REATTACH_S is not None:
         cupti.reattach_soon(0.0)
+    _let_go_in_cell = False
 
 
 def _number_cells(result: Any) -> None:

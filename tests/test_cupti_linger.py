@@ -127,7 +127,7 @@ def fake_cupti(monkeypatch):
     monkeypatch.setattr(cupti_mod, "_FRESH", False)
     monkeypatch.setattr(cupti_mod, "LINGER_S", 60.0)
     monkeypatch.setattr(cupti_mod, "REATTACH_S", None)
-    monkeypatch.setattr(cupti_mod, "REATTACH_BETWEEN_CELLS", False)  # as in a script (%load_ext, run earlier, sets it)
+    monkeypatch.setattr(cupti_mod, "CELL_RUNNING", False)  # as in a script
     monkeypatch.setattr(cupti_mod, "_BLOCKERS", {})
     work = bytearray(WORK + 1)
     work[WORK] = 1  # the fake's one call that enqueues device work
@@ -363,6 +363,54 @@ def test_a_blocker_keeps_cupti_as_it_is_until_it_goes(fake_cupti, monkeypatch):
     time.sleep(0.1)
     assert cupti_mod.lingering() and cupti_mod.blocked() == "a persistent kernel runs"
     assert not cupti_mod.let_go() and cupti_mod.lingering()
+    lib = fake_cupti.raw.lib
+    assert not lib.domain_on  # the linger ran out while blocked: not watching (every call would pay the callback)
+    assert cupti_mod.state().startswith("blocked: a persistent kernel runs")
     cupti_mod.unblock(owner)
     assert not cupti_mod.blocked()
     assert wait_for(lambda: not cupti_mod.lingering(), 3.0)  # the linger, re-armed for 1 s, ends
+
+
+def test_a_block_calls_off_an_armed_detach_and_its_end_arms_it_again(fake_cupti, monkeypatch):
+    monkeypatch.setattr(cupti_mod, "LINGER_S", 0.0)
+    lib = linger_out(fake_cupti)
+    owner = object()
+    cupti_mod.block(owner, "a persistent kernel runs")  # its launch must not host a finalize
+    assert not cupti_mod._DETACH.armed and not lib.domain_on
+    lib.api_call(WORK)
+    assert "finalize" not in lib.calls and not cupti_mod.detached()
+    cupti_mod.unblock(owner)
+    assert cupti_mod._DETACH.armed  # host_exit needs libcuda (absent here): the next call of any thread hosts it
+    lib.api_call()
+    assert lib.calls[-2:] == ["unsubscribe", "finalize"] and cupti_mod.detached()
+
+
+def test_a_fired_watch_leaves_no_callback_on_once_disarmed():
+    """The watch's first work call leaves the callbacks on (the let-go arms them next); a take-over or a block then
+    turns them off, or every CUDA call would go on paying for the callback."""
+    lib = FakeLib()
+    seen = []
+    d = ExitDetach(lib, lambda: None)
+    d.subscribe()
+    work = bytearray(WORK + 1)
+    work[WORK] = 1
+    d.watch(lambda: seen.append(1), bytes(work))
+    lib.api_call()
+    assert seen == [] and lib.domain_on
+    lib.api_call(WORK)
+    lib.api_call(WORK)
+    assert seen == [1] and not d.watching and lib.domain_on
+    assert d.disarm() and not lib.domain_on and lib.calls[-1] == "domain 1 0"
+
+
+def test_a_let_go_while_a_cell_runs_waits_for_the_cell_to_end(fake_cupti, monkeypatch):
+    """In a notebook (``CELL_RUNNING``) a let-go re-initializes after the cell (``reattach_due``), not on a timer
+    that could stall the cell's launches."""
+    monkeypatch.setattr(cupti_mod, "REATTACH_S", 0.01)
+    monkeypatch.setattr(cupti_mod, "CELL_RUNNING", True)
+    monkeypatch.setattr(cupti_mod, "LINGER_S", 0.0)
+    lib = linger_out(fake_cupti)
+    lib.api_call()
+    assert cupti_mod.detached() and not cupti_mod._REATTACH.armed
+    time.sleep(0.05)
+    assert fake_cupti.raw.registered == 1 and cupti_mod.reattach_due() and not cupti_mod.reattach_due()

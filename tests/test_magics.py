@@ -244,4 +244,10 @@ def test_a_cell_that_does_not_trace_lets_a_lingering_cupti_go_first(shell, monke
     monkeypatch.setattr(cupti, "_LET_GO_AT_EXIT", True)  # the cell's untraced work let a lingering source go
     monkeypatch.setattr(cupti, "_ATTACHED", False)
     shell.run_cell("plain = 4")
-    assert reattached == [0.0, 0.0] and not cupti._LET_GO_AT_EXIT
+    assert reattached == [0.0, 0.0] and not cupti._LET_GO_AT_EXIT and not cupti.CELL_RUNNING
+    monkeypatch.setattr(cupti, "lingering", lambda after_trace=False: True)
+    shell.run_cell("%gpu cupti")  # asking where CUPTI stands does not let it go first
+    assert released == [True]
+    monkeypatch.setattr(cupti, "REATTACH_S", None)  # GPUWB_CUPTI_REATTACH_S= : never initialized again
+    shell.run_cell("plain = 5")
+    assert released == [True, True] and reattached == [0.0, 0.0]

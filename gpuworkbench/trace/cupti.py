@@ -67,25 +67,26 @@ FLUSH_IDLE_S: float | None = 0.05
 FLUSH_MAX_S = 0.1
 #: Empty buffers kept for reuse once CUPTI hands them back; more are freed.
 POOL_MAX = 8
-#: Seconds CUPTI stays attached with its kinds on after the last trace that used it stops (``stop`` parks the source):
-#: a trace started meanwhile takes it over without enabling anything. Then it is let go (``cuptiFinalize``), because an
-#: attached CUPTI slows every launch of the process, traced or not (see ``cupti_detach.py``); the next trace attaches
-#: again (~10 ms on an H200). 0: let go as each trace ends.
+#: Seconds at most that CUPTI stays attached with its kinds on after the last trace that used it stops (``stop`` parks
+#: the source): a trace started meanwhile takes it over without enabling anything. Then, or at the first untraced
+#: launch, copy or memset (``WATCH_UNTRACED``), it is let go (``cuptiFinalize``), because an attached CUPTI slows every
+#: launch of the process, traced or not (see ``cupti_detach.py``). 0: let go as each trace ends.
 LINGER_S = float(os.environ.get("GPUWB_CUPTI_LINGER_S", "30"))
 #: Seconds after CUPTI was let go at a CUDA call's exit (the linger ran out, or untraced work met a lingering source)
 #: until it is initialized again on a thread of ours, with no kind on (``reattach_soon``): the next trace then only
-#: enables its kinds (~0.4 ms on an H200) rather than attaching (~13 ms), while CUDA calls pay no more than in a
-#: process that never traced (see docs/benchmarks.md). None: not re-initialized (the next trace attaches).
+#: enables its kinds (~0.3 ms on an H200) rather than attaching (~12–16 ms), while an empty launch pays 1.03–1.04 ×
+#: what it pays with CUPTI let go (in one process; see docs/benchmarks.md). While a notebook cell runs
+#: (``CELL_RUNNING``) it waits for the cell's end instead. None: never (the next trace attaches).
 REATTACH_S: float | None = float(os.environ.get("GPUWB_CUPTI_REATTACH_S", "0.1") or "nan")
 if REATTACH_S != REATTACH_S:  # GPUWB_CUPTI_REATTACH_S= (empty): off
     REATTACH_S = None
 #: Whether a lingering source is let go at the first untraced call that enqueues device work (a launch, copy or
 #: memset of any library on any thread), rather than lingering on for ``LINGER_S``: that work would pay the kinds.
 WATCH_UNTRACED = os.environ.get("GPUWB_CUPTI_WATCH", "1") != "0"
-#: Set by ``%load_ext gpuworkbench``: re-initialize after the cell in which CUPTI was let go (its code has run, the
-#: kernel waits for the next), not ``REATTACH_S`` later, when the cell may still be launching (a re-initialization
-#: stalls other threads' CUDA calls for several ms: 8 ms once on an H200, ``probes/cupti_attach.py``).
-REATTACH_BETWEEN_CELLS = False
+#: True while a notebook cell runs (set by ``%load_ext gpuworkbench``'s IPython hooks): a let-go then re-initializes
+#: once the cell has run (``reattach_due``, read after it), not ``REATTACH_S`` later, when the cell may still be
+#: launching: a re-initialization stalls other threads' CUDA calls (4–9 ms once on an H200, ``probes/cupti_attach.py``).
+CELL_RUNNING = False
 #: Flushes an activity record waits for its external id before it is handed out with ``external_id`` -1.
 HOLD_FLUSHES = 2
 #: Flushes an external-correlation entry is kept once an activity record has used it (graph launches share one).
@@ -229,8 +230,8 @@ _PARK_TOKEN = 0
 _DETACH: ExitDetach | None = None
 #: Whether CUPTI is attached by us (callbacks registered or kinds enabled since the last ``cuptiFinalize``).
 _ATTACHED = False
-#: Whether CUPTI is attached with no kind enabled since it was initialized (``reattach_soon``): what a process pays
-#: then is what one that never traced pays; one whose kinds were on pays until ``cuptiFinalize``.
+#: Whether CUPTI is attached with no kind enabled since it was initialized (``reattach_soon``): an empty launch then
+#: pays 1.03–1.04 × (H200, one process), where one whose kinds were on pays 1.2 × until ``cuptiFinalize``.
 _FRESH = False
 #: Callback ids of the driver calls that enqueue device work, as a lookup table (``ExitDetach.watch``).
 _WORK_CBIDS = b""
@@ -709,7 +710,8 @@ class CuptiSource:
             return True, "cupti-python (version unknown)"
 
     def start(self) -> None:
-        """Register the buffer callbacks and enable the activity kinds; CuptiUnavailable (nothing left on) if not."""
+        """Take a lingering source over (nothing to enable), or register the buffer callbacks where CUPTI is not ready
+        and enable the activity kinds; CuptiUnavailable (nothing left on) if not."""
         global _ACTIVE
         if self._running:
             return
@@ -750,9 +752,9 @@ class CuptiSource:
 
     def _enable(self, cupti: Any) -> None:
         global _ATTACHED, _FRESH
-        _ATTACHED, _FRESH = True, False
         if not self._raw.ours:
             self._raw.register()
+        _ATTACHED, _FRESH = True, False
         _subscribe_detach(cupti)  # here, on the thread starting the trace: not from a thread beside CUDA calls
         for name in ACTIVITY_KINDS + API_CARRIER_KINDS:
             kind = cupti.ActivityKind[name]
@@ -784,8 +786,9 @@ class CuptiSource:
         return True
 
     def stop(self) -> None:
-        """Forced flush (this source's last records), then park: the kinds stay on for ``LINGER_S`` for the next
-        source to take over; idempotent. ``flush()`` then returns the rest."""
+        """Forced flush (this source's last records), then park: the kinds stay on for the next source to take over,
+        for ``LINGER_S`` or until untraced work launches (``WATCH_UNTRACED``); a frozen source (another tool took
+        CUPTI) or one with no kinds turns them off instead. Idempotent. ``flush()`` then returns the rest."""
         global _ACTIVE
         if not self._running:
             return
@@ -1287,7 +1290,7 @@ def _park(source: CuptiSource) -> None:
     token = _PARK_TOKEN
     _LINGER.arm(LINGER_S, token)
     if WATCH_UNTRACED and _DETACH is not None and _WORK_CBIDS:
-        _DETACH.watch(lambda: _LINGER.arm(0.0, token), _WORK_CBIDS)
+        _DETACH.watch(lambda: _PARK_TOKEN == token and _LINGER.arm(0.0, token), _WORK_CBIDS)
 
 
 def _unpark() -> bool:
@@ -1310,9 +1313,13 @@ def _linger_over(token: int) -> None:
     """No trace took the parked source over in time: kinds off, then CUPTI finalized at the next CUDA call's exit."""
     global detach_refused
     with _STATE_LOCK:
-        if token != _PARK_TOKEN:
+        if token != _PARK_TOKEN:  # a stale call (a watch that fired as a trace took over): keep the live deadline
+            if _PARKED is not None and not _LINGER.armed:
+                _LINGER.arm(LINGER_S, _PARK_TOKEN)
             return
-        if blocked():  # turning kinds off and flushing could wait for the blocker too: linger on
+        if _BLOCKERS:  # letting go could wait for the blocker (a persistent kernel): linger on, unwatched
+            if _DETACH is not None:
+                _DETACH.disarm()
             _LINGER.arm(max(LINGER_S, 1.0), token)
             return
         if not _unpark() or _DETACH is None:
@@ -1320,7 +1327,8 @@ def _linger_over(token: int) -> None:
         detach = _DETACH
         status = detach.arm()
         if status:
-            detach_refused = status  # CUPTI stays attached (kinds off): the next trace enables them again
+            if status > 0:
+                detach_refused = status  # CUPTI stays attached (kinds off): the next trace enables them again
             return
     detach.host_exit()  # a CUDA call of this thread's own: its exit lets CUPTI go here, not in the user's next call
 
@@ -1350,27 +1358,52 @@ def _detached() -> None:
 
 
 def block(owner: object, reason: str) -> None:
-    """While ``owner`` holds a block, CUPTI is neither attached nor let go (a persistent kernel loops: attaching CUPTI
-    waited for it to end, measured on an H200): traces time the workbench's own ops by events, saying ``reason``."""
-    _BLOCKERS[id(owner)] = reason
+    """While ``owner`` holds a block (a persistent kernel loops: attaching CUPTI waited for it to end, measured on an
+    H200), CUPTI is not attached, initialized again, enabled or let go: a trace takes over a lingering source, or else
+    times the workbench's own ops by events, saying ``reason``. Waits out a re-initialization or let-go under way,
+    and calls off an armed detach (it would finalize in the blocker's own launch)."""
+    with _STATE_LOCK:
+        _BLOCKERS[id(owner)] = reason
+        if _DETACH is not None and _DETACH.armed:
+            _DETACH.disarm()
 
 
 def unblock(owner: object) -> None:
-    _BLOCKERS.pop(id(owner), None)
+    """``owner``'s block ends; CUPTI attached with its kinds off (a detach the block called off) is let go."""
+    with _STATE_LOCK:
+        _BLOCKERS.pop(id(owner), None)
+        detach = _DETACH
+        go = (
+            not _BLOCKERS
+            and _ATTACHED
+            and not _FRESH
+            and _PARKED is None
+            and _ACTIVE is None
+            and detach is not None
+            and detach.subscribed
+            and not detach.armed
+            and detach.arm() == 0
+        )
+    if go:
+        detach.host_exit()
 
 
 def blocked() -> str:
     """Why CUPTI must not be attached or let go now ('' if nothing blocks it)."""
-    return next(iter(_BLOCKERS.values()), "") if _BLOCKERS else ""
+    reasons = tuple(_BLOCKERS.values())
+    return reasons[0] if reasons else ""
 
 
 def _detached_at_exit() -> None:
     """``cuptiFinalize`` ran at a CUDA call's exit: CUPTI is initialized again ``REATTACH_S`` later, off that thread,
-    or, in a notebook, once the cell has run (``reattach_due``)."""
+    or, while a notebook cell runs, once it has run (``reattach_due``)."""
     global _LET_GO_AT_EXIT
+    timed = REATTACH_S is not None and not CELL_RUNNING
+    if timed:
+        _REATTACHED.clear()  # before ``detached()`` turns true: a ``settle`` then waits for the re-initialization
     _detached()
     _LET_GO_AT_EXIT = True
-    if REATTACH_S is not None and not REATTACH_BETWEEN_CELLS:
+    if timed:
         reattach_soon(REATTACH_S)
 
 
@@ -1383,14 +1416,16 @@ def reattach_due() -> bool:
 
 def reattach_soon(delay_s: float = 0.0) -> None:
     """Initialize CUPTI again ``delay_s`` from now on a thread of ours, with no kind on (buffer callbacks and the API
-    filter set: ~13 ms on an H200), so that the next trace only enables its kinds. Nothing happens if CUPTI is
-    attached by then, a source records, or another tool holds CUPTI. ``settle`` waits for it."""
+    filter set: ~10–13 ms on an H200), so that the next trace only enables its kinds. Nothing happens if CUPTI is
+    attached by then, a source records, or another tool holds CUPTI; a block puts it off (tried again every second).
+    ``settle`` waits for it."""
     _REATTACHED.clear()
     _REATTACH.arm(delay_s, _REATTACH_TOKEN)
 
 
 def settle(timeout_s: float = 1.0) -> bool:
-    """Wait up to ``timeout_s`` for a re-initialization that is due or under way; True once none is."""
+    """Wait up to ``timeout_s`` for a re-initialization that is due or under way (one put off by a block does not
+    count); True once none is."""
     return _REATTACHED.wait(timeout_s)
 
 
@@ -1440,17 +1475,21 @@ def _cancel_detach(unsubscribe: bool = False) -> None:
 
 
 def detached() -> bool:
-    """Whether CUPTI is let go (or was never attached by us): no source records or lingers, none finalize waits."""
+    """Whether CUPTI is let go (or was never attached by us): no source records or lingers, and CUPTI is not
+    initialized."""
     return not _ATTACHED
 
 
 def let_go() -> bool:
-    """Let CUPTI go now rather than after ``LINGER_S``: a parked source's kinds off, then ``cuptiFinalize`` on this
-    thread. Only where no other thread makes CUDA calls (CUPTI asks for a call's exit otherwise); for benchmarks that
-    need a process as if it never traced. False if a source records, CUPTI is not attached, or another tool holds it."""
-    if _ACTIVE is not None or _RAW is None or not _ATTACHED or other_client() or blocked():
+    """Let CUPTI go now: a parked source's kinds off, then ``cuptiFinalize`` on this thread; nothing initializes it
+    again until a trace does. Call it only where no other thread makes CUDA calls (CUPTI asks for a call's exit
+    otherwise); for benchmarks that need a process as if it never traced. False if a source records, CUPTI is not
+    attached, a block holds (a persistent kernel runs), another tool holds CUPTI, or ``cuptiFinalize`` failed."""
+    if _ACTIVE is not None or _RAW is None or not _ATTACHED or other_client():
         return False
     with _STATE_LOCK:
+        if _BLOCKERS:
+            return False
         _unpark()
         _cancel_detach(unsubscribe=True)
         _cancel_reattach()
@@ -1475,6 +1514,9 @@ def state() -> str:
     """Where CUPTI stands in this process, in words (``%gpu cupti``): what a launch pays for it now, and until when."""
     if _ACTIVE is not None:
         return "recording: a trace's source holds CUPTI"
+    why = blocked()
+    if why:
+        return f"blocked: {why}; CUPTI is left as it is ({'attached' if _ATTACHED else 'not attached'}) meanwhile"
     if _PARKED is not None:
         left = _LINGER.left_s()
         when = f"in {left:.0f} s" if left is not None else "soon"
@@ -1490,8 +1532,8 @@ def state() -> str:
         return "not attached: CUDA calls pay nothing for it; initialized again (no kind on) shortly"
     if _ATTACHED and _FRESH:
         return (
-            "ready: initialized again with no kind on, so that the next trace only enables its kinds; CUDA calls "
-            "pay about what they pay in a process that never traced"
+            "ready: initialized again with no kind on, so that the next trace only enables its kinds; an empty launch "
+            "pays a few % more than with CUPTI let go (%gpu cupti release)"
         )
     if _ATTACHED:
         if detach_refused:
@@ -1517,10 +1559,12 @@ def hand_over() -> None:
     called off (one subscriber per process: Kineto subscribes too); CUPTI's buffer callbacks given back to Kineto
     where it is loaded (it may register them only once per process: after a trace of ours its next session would
     otherwise send its records to us; measured: torch.profiler then saw 0 kernels)."""
+    global _FRESH
     with _STATE_LOCK:
         _unpark()
         _cancel_detach(unsubscribe=True)
         _cancel_reattach()
+        _FRESH = False  # the other tool's kinds go on
     raw = _RAW
     if raw is not None and _ACTIVE is None:
         raw.hand_back()
@@ -1558,9 +1602,10 @@ def other_client() -> str:
 def prepare() -> None:
     """Do once what makes the first CUPTI trace slow: import cupti-python (~60 ms on the H100 machine), open libcupti
     and, with ``ATTACH_EARLY``, attach CUPTI (~20 ms; nothing is recorded until a trace starts) and start a source
-    and park it (``stop``): a trace within ``LINGER_S`` takes it over at no cost. On the calling thread only: CUPTI
-    set up from a thread
-    beside the user's CUDA calls made later CUDA calls fail ('context is destroyed').
+    and park it (``stop``): the first trace takes it over at no cost, unless untraced work or ``LINGER_S`` let it go
+    first. On the calling thread: the process's first CUPTI set-up from a thread beside the user's CUDA calls made
+    later CUDA calls fail ('context is destroyed', seen on the H100 machine); initializing it again after a let-go
+    (``reattach_soon``, from a thread of ours) did not, in 15 of 15 processes on an H200.
     ``%load_ext gpuworkbench`` calls it; so does the first trace that meets CUDA. Never raises."""
     global _PREPARED, _ATTACHED
     attached = False

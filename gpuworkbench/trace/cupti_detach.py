@@ -1,12 +1,12 @@
-"""Letting CUPTI go once no trace has used it for a while: a deadline clock, and ``cuptiFinalize`` at a CUDA call's
-exit.
+"""Letting CUPTI go once no trace uses it: a deadline clock, a watch for untraced work, and ``cuptiFinalize`` at a
+CUDA call's exit.
 
 Why: once any activity kind has been enabled, CUPTI keeps instrumenting the driver's API until it is finalized, even
-with every kind disabled again (measured on an H200 with ``benchmarks/probes/cupti_idle.py``: an empty-kernel launch
-loop ran 1.26–1.54 × slower than in a process that never traced after one kind was enabled and disabled; after
-``cuptiFinalize``, 0.96 ×). CUPTI asks that ``cuptiFinalize`` be called at the exit of a CUDA API call, which
-PyTorch's Kineto does from a callback subscriber; :class:`ExitDetach` does the same through ctypes. Nothing here
-imports cupti-python.
+with every kind disabled again (measured on an H200: an empty-kernel launch loop ran 1.26–1.54 × slower than in a
+process that never traced after one kind was enabled and disabled, in fresh processes, ``probes/cupti_idle.py``;
+1.19–1.41 × in one process, ``probes/cupti_states.py``; after ``cuptiFinalize``, 0.96–1.05 ×). CUPTI asks that
+``cuptiFinalize`` be called at the exit of a CUDA API call, which PyTorch's Kineto does from a callback subscriber;
+:class:`ExitDetach` does the same through ctypes. Nothing here imports cupti-python.
 """
 
 from __future__ import annotations
@@ -44,13 +44,15 @@ def _on_api(_userdata: Any, _domain: int, cbid: int, data: Any) -> None:
 
 
 class ExitDetach:
-    """Finalizes CUPTI in the exit of a driver API call on any thread, once armed; one per attachment of CUPTI.
+    """Finalizes CUPTI in the exit of a driver API call on any thread, once armed; one per trace that turns CUPTI's
+    kinds on (``CuptiSource._enable``), subscribed on that trace's thread.
 
     ``subscribe`` where no other thread is inside a CUDA call is known to be safe: on the H200, subscribing while
-    another thread launched kernels crashed that thread in 3 of 5 runs; subscribing at attach time and enabling the
-    callbacks later from another thread did not (5 of 5). ``arm`` (any thread) enables the driver API's callbacks;
-    the first exit then unsubscribes and finalizes. ``watch`` (any thread) enables them to report the first call
-    that enqueues device work instead. ``disarm`` turns them off again unless a finalize has begun.
+    another thread launched kernels crashed that thread in 3 of 5 runs; subscribing on the thread starting a trace and
+    enabling the callbacks later from another thread did not, in 5 of 5. ``arm`` (any thread) enables the driver
+    API's callbacks; the first exit then unsubscribes and finalizes. ``watch`` (any thread) enables them to report the
+    first call that enqueues device work instead. While either is on, every driver call's entry and exit runs a ctypes
+    callback (it takes the GIL). ``disarm`` turns them off again unless a finalize has begun.
     ``lib``: libcupti through ctypes. ``on_detached`` runs right after ``cuptiFinalize``, on that thread, inside the
     CUDA call: it must be quick (set flags, signal a thread)."""
 
@@ -60,6 +62,7 @@ class ExitDetach:
         self._gate = threading.Lock()  # held while armed is decided: the callback finalizes, ``disarm`` does not
         self._subscriber = ctypes.c_void_p()
         self.subscribed = self.armed = self.watching = False
+        self._domain_on = False  # the driver API's callbacks are enabled (armed, watching, or a watch that fired)
         self._work = b""
         self._on_work: Callable[[], None] | None = None
         #: Set once CUPTI is finalized (or the attempt failed: ``status``).
@@ -92,10 +95,19 @@ class ExitDetach:
         if not self.subscribed or self.done.is_set():
             return -1
         with self._gate:
-            on, self.armed, self.watching = self.watching, True, False
-            status = 0 if on else int(self._lib.cuptiEnableDomain(1, self._subscriber, _DRIVER_API_DOMAIN))
+            self.armed, self.watching = True, False
+            status = self._domain(True)
             if status:
                 self.armed = False
+        return status
+
+    def _domain(self, on: bool) -> int:
+        """Enable or disable the driver API's callbacks unless they are so already (under ``_gate``)."""
+        if on == self._domain_on:
+            return 0
+        status = int(self._lib.cuptiEnableDomain(int(on), self._subscriber, _DRIVER_API_DOMAIN))
+        if not status:
+            self._domain_on = on
         return status
 
     def watch(self, on_work: Callable[[], None], work: bytes) -> int:
@@ -107,7 +119,7 @@ class ExitDetach:
         with self._gate:
             self._work, self._on_work = work, on_work
             self.watching = True
-            status = int(self._lib.cuptiEnableDomain(1, self._subscriber, _DRIVER_API_DOMAIN))
+            status = self._domain(True)
             if status:
                 self.watching = False
         return status
@@ -146,7 +158,7 @@ class ExitDetach:
             if not self.armed or self.done.is_set():
                 return
             self._lib.cuptiUnsubscribe(self._subscriber)
-            self.subscribed = self.armed = False
+            self.subscribed = self.armed = self._domain_on = False
             self.status = int(self._lib.cuptiFinalize())  # ctypes lets the GIL go meanwhile
             self.finalized = not self.status
             with contextlib.suppress(BaseException):
@@ -156,16 +168,16 @@ class ExitDetach:
             self._gate.release()
 
     def disarm(self, timeout_s: float = 2.0) -> bool:
-        """Turn the callbacks off again. True: CUPTI stays attached; False: it was finalized (this waited up to
-        ``timeout_s`` for a finalize under way)."""
+        """Turn the callbacks off (armed, watching, or a watch that fired). True: CUPTI stays attached; False: it was
+        finalized (this waited up to ``timeout_s`` for a finalize under way)."""
         if self.done.is_set():
             return not self.finalized
         if not self._gate.acquire(timeout=timeout_s):
             return not self.finalized
         try:
-            if (self.armed or self.watching) and not self.done.is_set():
+            if not self.done.is_set():
                 self.armed = self.watching = False
-                self._lib.cuptiEnableDomain(0, self._subscriber, _DRIVER_API_DOMAIN)
+                self._domain(False)  # also after a watch that fired: its callbacks are still on
             return not self.finalized
         finally:
             self._gate.release()
@@ -174,7 +186,7 @@ class ExitDetach:
         """Let another client subscribe (before it starts) or leave at exit; finalizes nothing."""
         if self.disarm() and self.subscribed:
             self._lib.cuptiUnsubscribe(self._subscriber)
-            self.subscribed = False
+            self.subscribed = self._domain_on = False
 
 
 class Deadline:

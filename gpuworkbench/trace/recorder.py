@@ -389,7 +389,7 @@ class Trace:
             self._cupti_reason = why
             return why
         why = cupti_module.blocked()
-        if why and cupti_module.detached():  # attaching would wait for the blocker (a taken-over source would not)
+        if why and not cupti_module.lingering():  # attaching or enabling could wait for the blocker; taking over not
             self._cupti_reason = why
             self._warn_once(f"CUPTI not used: {why}; this trace times its own ops by events and sees no other work")
             return why
@@ -403,7 +403,7 @@ class Trace:
         if owner is not None and owner is not self and not owner.recording and owner._thread is not None:
             owner._hurry.set()  # its next pass now: a forced flush brings the records of ops already done
             owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
-        cupti_module.prepare()  # once per process; begun when a CUDA Device opened or at %load_ext
+        cupti_module.prepare()  # once per process: done at %load_ext, else here
         source = cupti_module.CuptiSource()  # one per trace (it takes over a parked one's kinds: cupti.LINGER_S)
         _hook_torch_profiler()
         try:
