@@ -1,6 +1,7 @@
 """Seeing other libraries' CUDA work, and what it costs (needs a CUDA GPU, CuPy, PyTorch and cupti-python).
 
     python benchmarks/bench_any_cuda.py proof [--rounds 12]  # CuPy + PyTorch work: a trace against torch.profiler
+    python benchmarks/bench_any_cuda.py noise [--rounds 12]  # overlap of each capture against itself and the other
     python benchmarks/bench_any_cuda.py cost      # trace start, the first trace of a process, idle and launch cost
     python benchmarks/bench_any_cuda.py coexist   # torch.profiler inside and after a gpuworkbench trace
 
@@ -120,13 +121,80 @@ def torch_spans(path: str) -> list[dict]:
     return out
 
 
+def device_spans(table: dict) -> list[dict]:
+    """A trace table's device work as span dicts, in ``torch_spans``' form (stream ids as CUPTI's)."""
+    from gpuworkbench.trace.cupti_foreign import FOREIGN_STREAM_BASE
+    from gpuworkbench.trace.spans import KINDS
+
+    columns = ("kind", "stream", "start_ns", "end_ns", "bytes", "name", "pinned")
+    return [
+        {
+            "kind": KINDS[int(k)],
+            "stream": int(s) - FOREIGN_STREAM_BASE,
+            "start_ns": int(a),
+            "end_ns": int(b),
+            "bytes": int(n),
+            "name": str(m),
+            "pinned": int(p),
+        }
+        for k, s, a, b, n, m, p in zip(*(table[c] for c in columns))
+        if KINDS[int(k)] in ("kernel", "h2d", "d2h", "d2d", "memset")
+    ]
+
+
+def overlap_noise() -> None:
+    """How far two captures of the proof's workload differ in overlap when nothing differs but the run: paired
+    differences (12 alternating rounds) of our trace against itself, torch.profiler against itself, and the two."""
+    import torch  # noqa: F401
+    from torch.profiler import ProfilerActivity, profile
+
+    import gpuworkbench as gw
+    from gpuworkbench.trace.analysis import summarize
+
+    work = Workload()
+
+    def overlap(spans: list[dict]) -> float:
+        return summarize(gw.Trace.from_records(spans).table()).overlap_pct
+
+    def ours() -> float:
+        with gw.trace(others=True) as t:
+            work.run()
+        return overlap(device_spans(t.table()))
+
+    def theirs() -> float:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            work.run()
+        path = tempfile.mktemp(suffix=".json")
+        prof.export_chrome_trace(path)
+        spans = torch_spans(path)
+        os.unlink(path)
+        return overlap(spans)
+
+    capture = {"ours": ours, "torch": theirs}
+    for a, b in (("ours", "ours"), ("torch", "torch"), ("ours", "torch")):
+        diffs = []
+        for r in range(_option("--rounds", 12)):
+            if r % 2 == 0:
+                x = capture[a]()
+                y = capture[b]()
+            else:
+                y = capture[b]()
+                x = capture[a]()
+            diffs.append(x - y)
+        emit(
+            what=f"overlap, {a} - {b}",
+            paired_median=statistics.median(diffs),
+            abs_median=statistics.median(abs(d) for d in diffs),
+            all=[round(d, 2) for d in diffs],
+        )
+
+
 def proof() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     import gpuworkbench as gw
     from gpuworkbench.trace.analysis import summarize
-    from gpuworkbench.trace.cupti_foreign import FOREIGN_STREAM_BASE
     from gpuworkbench.trace.spans import KINDS
 
     work = Workload()
@@ -145,27 +213,7 @@ def proof() -> None:
         prof.export_chrome_trace(path)
         theirs = torch_spans(path)
         os.unlink(path)
-        ours = [
-            {
-                "kind": KINDS[int(k)],
-                "stream": int(s) - FOREIGN_STREAM_BASE,
-                "start_ns": int(a),
-                "end_ns": int(b),
-                "bytes": int(n),
-                "name": str(m),
-                "pinned": int(p),
-            }
-            for k, s, a, b, n, m, p in zip(
-                table["kind"],
-                table["stream"],
-                table["start_ns"],
-                table["end_ns"],
-                table["bytes"],
-                table["name"],
-                table["pinned"],
-            )
-            if KINDS[int(k)] in ("kernel", "h2d", "d2h", "d2d", "memset")
-        ]
+        ours = device_spans(table)
 
         def per_stream(spans: list[dict], kind: str) -> dict[int, list[dict]]:
             out: dict[int, list[dict]] = {}
@@ -464,4 +512,4 @@ if __name__ == "__main__":
     if what == "child":
         child(sys.argv[2])
     else:
-        {"proof": proof, "cost": cost, "coexist": coexist}[what]()
+        {"proof": proof, "noise": overlap_noise, "cost": cost, "coexist": coexist}[what]()
