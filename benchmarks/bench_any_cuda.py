@@ -121,6 +121,16 @@ def torch_spans(path: str) -> list[dict]:
     return out
 
 
+def profiler_spans(prof) -> list[dict]:
+    """A finished torch.profiler session's device work: ``torch_spans`` of its exported Chrome trace."""
+    path = tempfile.mktemp(suffix=".json")
+    prof.export_chrome_trace(path)
+    try:
+        return torch_spans(path)
+    finally:
+        os.unlink(path)
+
+
 def device_spans(table: dict) -> list[dict]:
     """A trace table's device work as span dicts, in ``torch_spans``' form (stream ids as CUPTI's)."""
     from gpuworkbench.trace.cupti_foreign import FOREIGN_STREAM_BASE
@@ -164,11 +174,7 @@ def overlap_noise() -> None:
     def theirs() -> float:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             work.run()
-        path = tempfile.mktemp(suffix=".json")
-        prof.export_chrome_trace(path)
-        spans = torch_spans(path)
-        os.unlink(path)
-        return overlap(spans)
+        return overlap(profiler_spans(prof))
 
     capture = {"ours": ours, "torch": theirs}
     for a, b in (("ours", "ours"), ("torch", "torch"), ("ours", "torch")):
@@ -209,10 +215,7 @@ def proof() -> None:
             else:
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     work.run()
-        path = tempfile.mktemp(suffix=".json")
-        prof.export_chrome_trace(path)
-        theirs = torch_spans(path)
-        os.unlink(path)
+        theirs = profiler_spans(prof)
         ours = device_spans(table)
 
         def per_stream(spans: list[dict], kind: str) -> dict[int, list[dict]]:
