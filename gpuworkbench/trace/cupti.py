@@ -771,14 +771,10 @@ class CuptiSource:
     def _take_parked(self, cupti: Any) -> bool:
         """Take over the kinds a stopped source left on (under ``_STATE_LOCK``): nothing to enable; records of work
         that ended before now (still in CUPTI's buffers) are dropped by ``_cutoff``."""
-        global _ACTIVE, _PARKED, _PARK_TOKEN
-        parked = _PARKED
+        global _ACTIVE
+        parked = _claim_parked()
         if parked is None:
             return False
-        _PARKED, _PARK_TOKEN = None, _PARK_TOKEN + 1
-        _LINGER.disarm()
-        if _DETACH is not None:
-            _DETACH.disarm()  # stop watching for untraced work: this trace's calls are traced
         self._enabled, parked._enabled = parked._enabled, []
         self.api_filtered = parked.api_filtered
         self._cutoff = int(_to_ns(int(cupti.get_timestamp())))
@@ -1293,16 +1289,25 @@ def _park(source: CuptiSource) -> None:
         _DETACH.watch(lambda: _PARK_TOKEN == token and _LINGER.arm(0.0, token), _WORK_CBIDS)
 
 
-def _unpark() -> bool:
-    """Turn the parked source's kinds off and drop what CUPTI still holds (under ``_STATE_LOCK``); False if none."""
+def _claim_parked() -> CuptiSource | None:
+    """Take the parked source off the shelf (under ``_STATE_LOCK``): its linger deadline and its watch called off
+    (a trace taking it over traces its own calls; once unparked, every call would go on paying for the callback)."""
     global _PARKED, _PARK_TOKEN
     source = _PARKED
     if source is None:
-        return False
+        return None
     _PARKED, _PARK_TOKEN = None, _PARK_TOKEN + 1
     _LINGER.disarm()
     if _DETACH is not None:
-        _DETACH.disarm()  # stop watching: every call would go on paying for the callback
+        _DETACH.disarm()
+    return source
+
+
+def _unpark() -> bool:
+    """Turn the parked source's kinds off and drop what CUPTI still holds (under ``_STATE_LOCK``); False if none."""
+    source = _claim_parked()
+    if source is None:
+        return False
     source._disable_all()
     if _RAW is not None:
         _RAW.flush_all(1)  # no source is active: the callbacks drop these records
@@ -1430,6 +1435,7 @@ def settle(timeout_s: float = 1.0) -> bool:
 
 
 def _reattach(token: int) -> None:
+    """The re-initialization ``reattach_soon`` arms, on the re-attach thread (``token``: called off if it changed)."""
     global _ATTACHED, _FRESH
     try:
         with _STATE_LOCK:
