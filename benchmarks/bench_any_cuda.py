@@ -2,6 +2,8 @@
 
     python benchmarks/bench_any_cuda.py proof [--rounds 12]  # CuPy + PyTorch work: a trace against torch.profiler
     python benchmarks/bench_any_cuda.py noise [--rounds 12]  # overlap of each capture against itself and the other
+    python benchmarks/bench_any_cuda.py events [--rounds 16]  # each capture's overlap against its run's CUDA events
+    python benchmarks/bench_any_cuda.py launch [--rounds 8]  # empty launches: let go, our trace, torch.profiler
     python benchmarks/bench_any_cuda.py cost      # trace start, the first trace of a process, idle and launch cost
     python benchmarks/bench_any_cuda.py coexist   # torch.profiler inside and after a gpuworkbench trace
 
@@ -89,6 +91,69 @@ class Workload:
             self.scale(x, self.out)
             float(self.out.sum())  # a reduction and its D2H of one value
         torch.cuda.synchronize()
+
+
+class MarkedWorkload(Workload):
+    """The same work with a CUDA event recorded after each op on its stream (and before the first): ``event_spans``
+    then gives the run's device work as those events bound it, a reference that needs no CUPTI."""
+
+    STEPS = (("torch", ("mm0", "mm1", "mm2", "mm3", "relu")), ("cupy", ("h2d_pinned", "h2d_pageable", "scale", "sum")))
+
+    def run(self) -> None:
+        torch, cp = self.torch, self.cp
+        marks: dict[str, object] = {}
+
+        def mark(stream, tag: str) -> None:
+            event = cp.cuda.Event()
+            event.record(stream)
+            marks[tag] = event
+
+        torch_stream = cp.cuda.ExternalStream(self.torch_stream.cuda_stream)
+        with torch.cuda.stream(self.torch_stream):
+            mark(torch_stream, "torch")
+            c = self.a
+            for i in range(4):
+                c = c @ self.a
+                mark(torch_stream, f"mm{i}")
+            torch.relu(c)
+            mark(torch_stream, "relu")
+        with self.cupy_stream:
+            x = cp.empty(self.host.shape, cp.float32)
+            y = cp.empty_like(x)
+            mark(self.cupy_stream, "cupy")
+            x.set(self.pinned, stream=self.cupy_stream)
+            mark(self.cupy_stream, "h2d_pinned")
+            y.set(self.host, stream=self.cupy_stream)
+            mark(self.cupy_stream, "h2d_pageable")
+            self.scale(x, self.out)
+            mark(self.cupy_stream, "scale")
+            total = self.out.sum()
+            mark(self.cupy_stream, "sum")
+            float(total)  # its D2H of one value, after the last mark
+        torch.cuda.synchronize()
+        self.marks = marks
+
+    def event_spans(self) -> list[dict]:
+        """The last run's ops as span dicts (``torch_spans``' form), each from the event before it to its own."""
+        elapsed, first = self.cp.cuda.get_elapsed_time, self.marks["torch"]
+        out = []
+        for stream, (start_tag, tags) in enumerate(self.STEPS, 1):
+            before = start_tag
+            for tag in tags:
+                kind = "h2d" if tag.startswith("h2d") else "kernel"
+                out.append(
+                    {
+                        "kind": kind,
+                        "stream": stream,
+                        "start_ns": round(elapsed(first, self.marks[before]) * 1e6),
+                        "end_ns": round(elapsed(first, self.marks[tag]) * 1e6),
+                        "bytes": self.host.nbytes if kind == "h2d" else 0,
+                        "name": tag,
+                        "pinned": int(tag == "h2d_pinned") if kind == "h2d" else -1,
+                    }
+                )
+                before = tag
+        return out
 
 
 def torch_spans(path: str) -> list[dict]:
@@ -192,6 +257,123 @@ def overlap_noise() -> None:
             paired_median=statistics.median(diffs),
             abs_median=statistics.median(abs(d) for d in diffs),
             all=[round(d, 2) for d in diffs],
+        )
+
+
+def against_events() -> None:
+    """One run seen twice: in each round, the workload with CUDA events after each op runs with no CUPTI (events
+    alone), inside ``gw.trace()`` and inside torch.profiler, in alternating order; each capture's overlap is compared
+    with the overlap its own run's events give. CUPTI serves one client at a time, so the two tools never see the same
+    run; the events in each run are the common reference. Also the pageable copy's duration, as each capture and as
+    its run's events see it."""
+    import torch  # noqa: F401
+    from torch.profiler import ProfilerActivity, profile
+
+    import gpuworkbench as gw
+    from gpuworkbench.trace import cupti as cupti_source
+    from gpuworkbench.trace.analysis import summarize
+
+    work = MarkedWorkload()
+
+    def overlap(spans: list[dict]) -> float:
+        return summarize(gw.Trace.from_records(spans).table()).overlap_pct
+
+    def pageable_us(spans: list[dict]) -> float:
+        return next((s["end_ns"] - s["start_ns"]) / 1e3 for s in spans if s["kind"] == "h2d" and s["pinned"] == 0)
+
+    def events_only() -> list[dict]:
+        cupti_source.let_go()
+        work.run()
+        return work.event_spans()
+
+    def ours() -> list[dict]:
+        with gw.trace(others=True) as t:
+            work.run()
+        t.wait_pending()
+        return device_spans(t.table())
+
+    def theirs() -> list[dict]:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            work.run()
+        return profiler_spans(prof)
+
+    captures = {"events": events_only, "ours": ours, "torch": theirs}
+    theirs(), ours()  # each tool's first capture of the process, untimed
+    rows: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in captures}
+    names = list(captures)
+    for r in range(_option("--rounds", 16)):
+        for name in names if r % 2 == 0 else names[::-1]:
+            spans = captures[name]()
+            marks = work.event_spans()
+            rows[name].append((overlap(spans), overlap(marks), pageable_us(spans), pageable_us(marks)))
+    for name in names:
+        v = rows[name]
+        emit(
+            capture=name,
+            overlap_median=round(statistics.median(x[0] for x in v), 2),
+            events_overlap_median=round(statistics.median(x[1] for x in v), 2),
+            minus_events_paired=round(statistics.median(x[0] - x[1] for x in v), 2),
+            pageable_us=round(statistics.median(x[2] for x in v), 1),
+            pageable_minus_events_us=round(statistics.median(x[2] - x[3] for x in v), 1),
+            all=[round(x[0], 2) for x in v],
+        )
+    gap = [a[0] - a[1] - (b[0] - b[1]) for a, b in zip(rows["ours"], rows["torch"])]
+    emit(
+        what="overlap minus its run's events: ours - torch.profiler's, per round",
+        paired_median=round(statistics.median(gap), 2),
+        abs_median=round(statistics.median(abs(g) for g in gap), 2),
+        all=[round(g, 2) for g in gap],
+    )
+
+
+def launch_cost() -> None:
+    """An empty-kernel launch loop with CUPTI let go, inside ``gw.trace()`` and inside torch.profiler (activities=
+    [CUDA]), in alternating order (``--rounds``, 8): µs per launch and the median of paired ratios to let go. What
+    CUPTI's activity tracing costs a launch under each tool."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import gpuworkbench as gw
+    from gpuworkbench.trace import cupti as cupti_source
+
+    loop, n = empty_launches(), 3000
+    torch.zeros(1, device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]):  # each tool's first capture of the process, untimed
+        loop(200)
+    with gw.trace() as t:
+        loop(200)
+    t.wait_pending()
+
+    def untraced() -> float:
+        cupti_source.let_go()
+        time.sleep(0.05)
+        loop(50)
+        return loop(n)
+
+    def ours() -> float:
+        with gw.trace() as t:
+            loop(50)
+            us = loop(n)
+        t.wait_pending()
+        return us
+
+    def theirs() -> float:
+        with profile(activities=[ProfilerActivity.CUDA]):
+            loop(50)
+            return loop(n)
+
+    captures = {"untraced": untraced, "ours": ours, "torch": theirs}
+    us: dict[str, list[float]] = {k: [] for k in captures}
+    names = list(captures)
+    for r in range(_option("--rounds", 8)):
+        for name in names if r % 2 == 0 else names[::-1]:
+            us[name].append(captures[name]())
+    for name in names:
+        emit(
+            capture=name,
+            us_per_launch=round(statistics.median(us[name]), 3),
+            ratio=round(statistics.median(a / b for a, b in zip(us[name], us["untraced"])), 3),
+            all=[round(x, 2) for x in us[name]],
         )
 
 
@@ -515,4 +697,11 @@ if __name__ == "__main__":
     if what == "child":
         child(sys.argv[2])
     else:
-        {"proof": proof, "noise": overlap_noise, "cost": cost, "coexist": coexist}[what]()
+        {
+            "proof": proof,
+            "noise": overlap_noise,
+            "events": against_events,
+            "launch": launch_cost,
+            "cost": cost,
+            "coexist": coexist,
+        }[what]()

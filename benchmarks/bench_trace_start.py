@@ -5,11 +5,13 @@ never traced (needs a CUDA GPU, CuPy and cupti-python).
 
 Per round, in alternating order, 0.2 s between runs (as between notebook cells), seven runs:
 ``untraced``: CUPTI let go first (``cupti.let_go``: the state of a process that never traced);
-``traced``: inside a fresh ``gw.trace()`` that takes over the source a trace 0.2 s before left lingering;
+``traced``: inside a fresh ``gw.trace()`` that takes over the source a trace of 4 batches 0.2 s before left
+lingering, itself taken over from a trace before it (traced cells after traced cells; each source is primed as it
+parks unless ``GPUWB_CUPTI_PRIME=0``);
 ``traced, CUPTI ready``: CUPTI let go and initialized again with no kind on (``cupti.reattach_soon``, as after an
 untraced notebook cell), so the trace enables its kinds;
 ``untraced, CUPTI ready``: no trace, in that state (what untraced work pays once a process has traced);
-``untraced, after a trace``: no trace, 0.2 s after one (its first launch lets the lingering source go);
+``untraced, after a trace``: no trace, 0.2 s after a traced one (its first launch lets the lingering source go);
 ``untraced, CUPTI recording``: no trace, while a source lingers with the watch off: what CUPTI itself costs the run;
 ``traced, attaching``: CUPTI let go first, so the trace attaches it again.
 Then ``with gw.trace(): pass`` taking over a lingering source, with timers on the trace's start.
@@ -45,6 +47,16 @@ def _empty_trace(gw) -> None:
     t.wait_pending()  # its harvester parks the source as it ends
 
 
+def _cells_before(gw, pipe, inputs, outputs) -> None:
+    """Two traced runs of 4 batches, as traced cells before the one timed: each source parks as its trace ends, and
+    the second takes the first's over."""
+    for _ in range(2):
+        with gw.trace() as t:
+            pipe.run(inputs[:4], outputs[:4])
+        t.wait_pending()
+        time.sleep(0.05)
+
+
 def run(gw, pipe, inputs, outputs, mode: str) -> float:
     """One timed run of ``mode`` after its untimed setup and the gap; ms."""
     if mode in ("untraced", "traced, attaching") or mode.endswith("ready"):
@@ -57,7 +69,7 @@ def run(gw, pipe, inputs, outputs, mode: str) -> float:
                 raise SystemExit(f"CUPTI is not ready: {cupti_source.state()}")
     else:
         cupti_source.WATCH_UNTRACED = mode != "untraced, CUPTI recording"
-        _empty_trace(gw)
+        _cells_before(gw, pipe, inputs, outputs)
         cupti_source.WATCH_UNTRACED = True
     time.sleep(GAP_S)
     t0 = time.perf_counter()

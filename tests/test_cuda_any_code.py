@@ -193,6 +193,39 @@ def test_a_lingering_cupti_is_taken_over_without_the_work_launched_between_the_t
     assert not any("between_the_traces" in n for n in names)
 
 
+def test_the_primers_work_is_in_no_trace_and_a_parked_source_primes(cp, monkeypatch):
+    """``cupti_prime``'s 4-byte copy and memset, recorded while a trace records, are dropped by their stream (a
+    4-byte copy of CuPy's beside them is kept); back-to-back traces, each taking over the source the last one parked
+    and primed, hold none of them either."""
+    from gpuworkbench.trace.cupti_prime import PRIMER
+
+    monkeypatch.setattr(cupti_source, "WATCH_UNTRACED", False)
+    x = cp.ones(1 << 16, cp.float32)
+    y = cp.empty(1, cp.float32)
+    host = np.ones(1, np.float32)
+    with gw.trace(others=True) as t:
+        if cupti_source._RAW is not None:
+            PRIMER.prime(cupti_source._RAW.lib)
+        y.set(host)
+        cp.cuda.Device().synchronize()  # waits for the primer's stream too
+    t.wait_pending()
+    assert PRIMER.error == "" and PRIMER.primed >= 1 and PRIMER.streams, PRIMER.error
+    table = t.table()
+    tiny = (table["bytes"] == 4) & np.isin(table["kind"], [KIND_CODE["h2d"], KIND_CODE["memset"]])
+    assert int(tiny.sum()) == 1 and int(table["kind"][tiny][0]) == KIND_CODE["h2d"]
+    for _ in range(3):
+        primed = PRIMER.primed if cupti_source._PARKED is not None else None
+        with gw.trace(others=True) as t:
+            x += 1
+            cp.cuda.Device().synchronize()
+        t.wait_pending()
+        table = t.table()
+        assert int(foreign(table, "kernel").sum()) == 1
+        assert not ((table["bytes"] == 4) & (table["kind"] == KIND_CODE["memset"])).any()
+        if primed is not None:
+            assert primed >= 1
+
+
 _LET_GO = """
 import time
 import cupy as cp

@@ -176,7 +176,7 @@ def test_a_stopped_source_parks_and_the_next_takes_its_kinds_over_without_enabli
     second.start()
     assert fake_cupti.log == [] and fake_cupti.raw.registered == 1  # nothing enabled or registered again
     assert cupti_mod._ACTIVE is second and cupti_mod._PARKED is None and second._cutoff == 5_000
-    assert not cupti_mod._LINGER.armed
+    assert wait_for(lambda: not cupti_mod._LINGER.armed)  # only the watch's callbacks to turn off, then nothing due
     second.stop()
     assert cupti_mod._PARKED is second and cupti_mod._LINGER.armed
 
@@ -330,7 +330,10 @@ def test_a_trace_taking_a_lingering_source_over_stops_the_watch(fake_cupti):
     assert lib.domain_on
     again = source()
     again.start()
-    assert not lib.domain_on and cupti_mod._ACTIVE is again  # its own launches are traced: nothing to watch
+    # its own launches are traced: nothing to watch; the callbacks go off on the linger thread, not in the start
+    assert not cupti_mod._DETACH.watching and cupti_mod._ACTIVE is again
+    lib.api_call(WORK)  # before they are off: the callback returns at once
+    assert wait_for(lambda: not lib.domain_on) and lib.calls[-1] == "domain 1 0"
     lib.api_call(WORK)
     time.sleep(0.05)
     assert cupti_mod._ACTIVE is again and len(fake_cupti.enabled) == 6 and "finalize" not in lib.calls

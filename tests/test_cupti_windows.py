@@ -164,6 +164,25 @@ def test_a_source_taking_over_parked_kinds_drops_records_of_work_that_ended_befo
     assert src.incomplete_records == 0  # dropped for the cutoff, not counted as incomplete
 
 
+def test_records_of_the_primers_streams_are_never_a_traces(monkeypatch):
+    """The copy and memset ``cupti_prime`` enqueues as a source parks can end after the next source's cutoff: their
+    records are dropped by (device, CUPTI stream id), the rest of that device's work kept."""
+    from gpuworkbench.trace.cupti_prime import PRIMER
+
+    monkeypatch.setattr(PRIMER, "streams", frozenset({(1, 99)}))
+    src = offline_source()
+    src._cutoff = 3_000
+    records = []
+    for device, stream, corr in ((1, 99, 7), (1, 7, 8), (0, 99, 9)):
+        rec = bytearray(kernel_record(3_100, 3_200, corr))
+        struct.pack_into("<I", rec, 40, device)
+        struct.pack_into("<I", rec, 48, stream)
+        records.append(bytes(rec))
+    src._ingest(b"".join(records))
+    out = src.flush_columns(eager=True, full=True)
+    assert sorted(zip(out["device_id"].tolist(), out["stream_id"].tolist())) == [(0, 99), (1, 7)]
+
+
 class FakeClock:
     """A CUPTI source whose clock reads ``offset`` ns ahead of the window clock (``time.time_ns``)."""
 

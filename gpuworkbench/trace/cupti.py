@@ -37,6 +37,7 @@ import numpy as np
 
 from .cupti_detach import Deadline, ExitDetach
 from .cupti_join import ExternalIdJoin
+from .cupti_prime import PRIMER
 from .spans import pack_dim3
 
 #: Activity kinds enabled by :meth:`CuptiSource.start`, by their ``cupti.ActivityKind`` names.
@@ -83,6 +84,9 @@ if REATTACH_S != REATTACH_S:  # GPUWB_CUPTI_REATTACH_S= (empty): off
 #: Whether a lingering source is let go at the first untraced call that enqueues device work (a launch, copy or
 #: memset of any library on any thread), rather than lingering on for ``LINGER_S``: that work would pay the kinds.
 WATCH_UNTRACED = os.environ.get("GPUWB_CUPTI_WATCH", "1") != "0"
+#: Prime CUPTI as a source parks (``cupti_prime.py``): a 4-byte copy and memset per active device, so that the next
+#: op CUPTI records does not pay for the park's forced flush. ``GPUWB_CUPTI_PRIME=0`` turns it off.
+PRIME_AT_PARK = os.environ.get("GPUWB_CUPTI_PRIME", "1") != "0"
 #: True while a notebook cell runs (set by ``%load_ext gpuworkbench``'s IPython hooks): a let-go then re-initializes
 #: once the cell has run (``reattach_due``, read after it), not ``REATTACH_S`` later, when the cell may still be
 #: launching: a re-initialization stalls other threads' CUDA calls (4–9 ms once on an H200, ``probes/cupti_attach.py``).
@@ -772,7 +776,7 @@ class CuptiSource:
         """Take over the kinds a stopped source left on (under ``_STATE_LOCK``): nothing to enable; records of work
         that ended before now (still in CUPTI's buffers) are dropped by ``_cutoff``."""
         global _ACTIVE
-        parked = _claim_parked()
+        parked = _claim_parked(taking_over=True)
         if parked is None:
             return False
         self._enabled, parked._enabled = parked._enabled, []
@@ -1161,6 +1165,10 @@ class CuptiSource:
         self.incomplete_records += start.size - int(np.count_nonzero(valid))
         if self._cutoff:
             valid &= end >= self._cutoff
+        primed = PRIMER.streams
+        if primed and full:  # the primer's copy and memset can end after a cutoff: never the user's work
+            ids = cols["device_id"] << 32 | cols["stream_id"]
+            valid &= ~np.isin(ids, [device << 32 | stream for device, stream in primed])
         keep = np.flatnonzero(valid)
         if len(groups) > 1:
             keep = keep[np.argsort(cols["row"][keep], kind="stable")]
@@ -1285,21 +1293,30 @@ def _park(source: CuptiSource) -> None:
     _PARKED, _PARK_TOKEN = source, _PARK_TOKEN + 1
     token = _PARK_TOKEN
     _LINGER.arm(LINGER_S, token)
+    if PRIME_AT_PARK:
+        # before the watch; its records are dropped (by the next source's cutoff, or by stream: PRIMER.streams)
+        PRIMER.prime(_RAW.lib if _RAW is not None else None)
     if WATCH_UNTRACED and _DETACH is not None and _WORK_CBIDS:
         _DETACH.watch(lambda: _PARK_TOKEN == token and _LINGER.arm(0.0, token), _WORK_CBIDS)
 
 
-def _claim_parked() -> CuptiSource | None:
+def _claim_parked(taking_over: bool = False) -> CuptiSource | None:
     """Take the parked source off the shelf (under ``_STATE_LOCK``): its linger deadline and its watch called off
-    (a trace taking it over traces its own calls; once unparked, every call would go on paying for the callback)."""
+    (a trace taking it over traces its own calls; once unparked, every call would go on paying for the callback).
+    ``taking_over`` (a trace's start): the watch's callbacks are turned off by the linger thread just after
+    (``_QUIET``), not on the starting thread; until then each returns at once."""
     global _PARKED, _PARK_TOKEN
     source = _PARKED
     if source is None:
         return None
     _PARKED, _PARK_TOKEN = None, _PARK_TOKEN + 1
-    _LINGER.disarm()
-    if _DETACH is not None:
-        _DETACH.disarm()
+    if _DETACH is not None and taking_over:
+        _DETACH.disarm(keep_domain=True)
+        _LINGER.arm(0.0, _QUIET)
+    else:
+        _LINGER.disarm()
+        if _DETACH is not None:
+            _DETACH.disarm()
     return source
 
 
@@ -1315,8 +1332,14 @@ def _unpark() -> bool:
 
 
 def _linger_over(token: int) -> None:
-    """No trace took the parked source over in time: kinds off, then CUPTI finalized at the next CUDA call's exit."""
+    """No trace took the parked source over in time: kinds off, then CUPTI finalized at the next CUDA call's exit.
+    ``_QUIET``: a trace took it over; turn the watch's callbacks off (unless a watch or a finalize needs them again)."""
     global detach_refused
+    if token == _QUIET:
+        with _STATE_LOCK:
+            if _DETACH is not None:
+                _DETACH.quiet()
+        return
     with _STATE_LOCK:
         if token != _PARK_TOKEN:  # a stale call (a watch that fired as a trace took over): keep the live deadline
             if _PARKED is not None and not _LINGER.armed:
@@ -1552,6 +1575,7 @@ def state() -> str:
 
 
 _LINGER = Deadline(_linger_over, "gpuworkbench-cupti-linger")
+_QUIET = -1  # the linger deadline's token for turning a taken-over watch's callbacks off (park tokens are >= 1)
 _REATTACH = Deadline(_reattach, "gpuworkbench-cupti-reattach")
 _REATTACHED = threading.Event()
 _REATTACHED.set()

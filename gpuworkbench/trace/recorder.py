@@ -151,9 +151,9 @@ class _Columns:
     """Columnar storage that grows to ``capacity`` rows and then keeps the newest (a ring), counting what it drops."""
 
     def __init__(self, schema: Mapping[str, Any], capacity: int) -> None:
-        self.schema, self.capacity = dict(schema), capacity
+        self.schema, self.capacity = schema, capacity
         self.size = 0  # allocated on the first rows: a trace's start makes no arrays
-        self.cols = {c: np.zeros(0, dtype=dt) for c, dt in self.schema.items()}
+        self.cols: dict[str, np.ndarray] = {}
         self.count = 0  # rows ever appended
         self.dropped = 0
 
@@ -161,9 +161,10 @@ class _Columns:
         """Double the arrays (up to ``capacity``) until ``rows`` more fit."""
         while self.count + rows > self.size and self.size < self.capacity:
             new = min(max(self.size * 2, 1024), self.capacity)
-            for c, arr in self.cols.items():
-                grown = np.zeros(new, dtype=arr.dtype)
-                grown[: self.size] = arr
+            for c, dt in self.schema.items():
+                grown = np.zeros(new, dtype=dt)
+                if self.size:
+                    grown[: self.size] = self.cols[c]
                 self.cols[c] = grown
             self.size = new
 
@@ -202,8 +203,10 @@ class _Columns:
 
     def table(self, since: int = 0) -> dict[str, np.ndarray]:
         """Rows ``since`` (a count of appends) to now, in append order; older dropped rows are gone."""
+        if not self.size:
+            return {c: np.zeros(0, dtype=dt) for c, dt in self.schema.items()}
         first = max(since, self.count - self.size, 0)
-        idx = np.arange(first, self.count) % max(self.size, 1)
+        idx = np.arange(first, self.count) % self.size
         return {c: arr[idx].copy() for c, arr in self.cols.items()}
 
 
