@@ -129,12 +129,14 @@ def fake_cupti(monkeypatch):
     monkeypatch.setattr(cupti_mod, "REATTACH_S", None)
     monkeypatch.setattr(cupti_mod, "CELL_RUNNING", False)  # as in a script
     monkeypatch.setattr(cupti_mod, "_BLOCKERS", {})
+    monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", False)  # a park watches at once (priming: its own tests)
     work = bytearray(WORK + 1)
     work[WORK] = 1  # the fake's one call that enqueues device work
     monkeypatch.setattr(cupti_mod, "_WORK_CBIDS", bytes(work))
     yield types.SimpleNamespace(enabled=enabled, log=log, raw=raw)
     with cupti_mod._STATE_LOCK:
         cupti_mod._LINGER.disarm()
+        cupti_mod._PRIME.disarm()
         cupti_mod._cancel_reattach()
 
 
@@ -417,3 +419,31 @@ def test_a_let_go_while_a_cell_runs_waits_for_the_cell_to_end(fake_cupti, monkey
     assert cupti_mod.detached() and not cupti_mod._REATTACH.armed
     time.sleep(0.05)
     assert fake_cupti.raw.registered == 1 and cupti_mod.reattach_due() and not cupti_mod.reattach_due()
+
+
+def test_a_park_primes_on_its_own_thread_then_watches_unless_taken_over_first(fake_cupti, monkeypatch):
+    """With ``PRIME_AT_PARK`` the park hands priming to the prime thread (the parking thread, which the next trace
+    waits for, does not prime), which watches once it has primed; a source taken over before then is not watched.
+    No libcuda here: the primer fails, says why, and the watch still comes."""
+    from gpuworkbench.trace.cupti_prime import PRIMER
+
+    monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", True)
+    primed = []
+    monkeypatch.setattr(PRIMER, "prime", lambda lib: primed.append((threading.current_thread().name, lib)))
+    s = source()
+    s.start()
+    s.stop()
+    lib = fake_cupti.raw.lib
+    assert wait_for(lambda: cupti_mod._DETACH.watching) and lib.domain_on
+    assert primed == [("gpuworkbench-cupti-prime", lib)]
+    arm = cupti_mod._PRIME.arm
+    monkeypatch.setattr(cupti_mod._PRIME, "arm", lambda delay, token: arm(0.2, token))  # the prime thread runs late
+    again = source()
+    again.start()
+    again.stop()  # parks again; a trace takes it over before the prime thread runs
+    third = source()
+    third.start()
+    assert cupti_mod._ACTIVE is third
+    time.sleep(0.3)
+    assert len(primed) == 1 and not cupti_mod._DETACH.watching  # nothing primed or watched for a source in use
+    third.stop()

@@ -1,13 +1,15 @@
 """What priming CUPTI as a source parks (``trace/cupti_prime.py``) saves the next op (needs a CUDA GPU, CuPy and
 cupti-python).
 
-    python benchmarks/probes/cupti_prime.py [--rounds 12]
+    python benchmarks/probes/cupti_prime.py [--rounds 12] [--watch]
 
 One 16 x 64 MiB pipeline run, 0.2 s after a traced run that took a parked source over and parked it again (a traced
 cell after traced cells), per mode in alternating order: ``untraced`` (CUPTI let go first: the baseline),
 ``recording`` (no trace; the source lingers, watch off) and ``traced`` (a fresh trace takes it over), each with the
 park primed or not (``cupti.PRIME_AT_PARK``). Prints, per mode, the median duration of the run's first op (its first
-H2D's ``copy_from_host_async``) and of the whole run against the baseline's, µs.
+H2D's ``copy_from_host_async``) and of the whole run against the baseline's, µs. ``--watch``: the parked source
+watches for untraced work (``cupti.WATCH_UNTRACED``, the default outside this probe), and ``recording`` is left out
+(its untraced run would let CUPTI go).
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ def _time_first_copy() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--watch", action="store_true", help="parked sources watch for untraced work")
     args = parser.parse_args()
     gw, _dev, pipe, inputs, outputs = pipeline_setup()
     _time_first_copy()
-    cupti_source.WATCH_UNTRACED = False  # the untimed set-up's parked source stays parked through "recording"
+    cupti_source.WATCH_UNTRACED = args.watch  # off: the parked source stays parked through "recording"
 
     def cell_before() -> None:
         with gw.trace() as t:
@@ -59,6 +62,8 @@ def main() -> None:
 
     cell_before()
     modes = ["untraced", "recording", "recording, primed", "traced", "traced, primed"]
+    if args.watch:
+        modes = ["untraced", "traced", "traced, primed"]
     runs: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for mode in modes if r % 2 == 0 else modes[::-1]:

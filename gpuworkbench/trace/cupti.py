@@ -1081,6 +1081,9 @@ class CuptiSource:
         if calls or full:
             api_rows = at[(kinds == self._k_api[0]) | (kinds == self._k_api[1])]
             api_rows = self._after_cutoff(api_rows, "api", "start", column)
+            if PRIMER.threads and api_rows.size:  # the primer's calls can come after a take-over's cutoff
+                theirs = np.isin(column(api_rows, "api", "thread_id"), list(PRIMER.threads))
+                api_rows = api_rows[~theirs] if theirs.any() else api_rows
             api = {
                 "thread": column(api_rows, "api", "thread_id").astype(np.int64),
                 "start": _to_ns(column(api_rows, "api", "start").astype(np.int64)),
@@ -1293,11 +1296,37 @@ def _park(source: CuptiSource) -> None:
     _PARKED, _PARK_TOKEN = source, _PARK_TOKEN + 1
     token = _PARK_TOKEN
     _LINGER.arm(LINGER_S, token)
-    if PRIME_AT_PARK:
-        # before the watch; its records are dropped (by the next source's cutoff, or by stream: PRIMER.streams)
-        PRIMER.prime(_RAW.lib if _RAW is not None else None)
+    if PRIME_AT_PARK and _RAW is not None:
+        _PRIME.arm(0.0, token)  # primes on its own thread, then watches: the next trace does not wait for it
+    else:
+        _watch(token)
+
+
+def _watch(token: int) -> None:
+    """Watch for untraced work while the source parked as ``token`` lingers (under ``_STATE_LOCK``)."""
     if WATCH_UNTRACED and _DETACH is not None and _WORK_CBIDS:
         _DETACH.watch(lambda: _PARK_TOKEN == token and _LINGER.arm(0.0, token), _WORK_CBIDS)
+
+
+def _prime_parked(token: int) -> None:
+    """Prime CUPTI for the source parked as ``token`` (``cupti_prime.py``), then watch; nothing if a trace took it
+    over or it was let go first. The primer's lock is taken before the state lock goes, so that ``let_go`` (which
+    finalizes outside a CUDA call's exit) waits for a prime under way; a take-over does not."""
+    with _STATE_LOCK:
+        if token != _PARK_TOKEN or _PARKED is None or _RAW is None:
+            return
+        if _BLOCKERS:  # a persistent kernel holds the device: no work of ours queued behind it
+            _watch(token)
+            return
+        lib = _RAW.lib
+        PRIMER.lock.acquire()
+    try:
+        PRIMER.prime(lib)
+    finally:
+        PRIMER.lock.release()
+    with _STATE_LOCK:
+        if token == _PARK_TOKEN and _PARKED is not None:
+            _watch(token)
 
 
 def _claim_parked(taking_over: bool = False) -> CuptiSource | None:
@@ -1526,8 +1555,9 @@ def let_go() -> bool:
             return False
         lib = _RAW.lib
         lib.cuptiFinalize.restype = ctypes.c_int
-        if lib.cuptiFinalize():
-            return False
+        with PRIMER.lock:  # no CUDA call of the primer's in flight
+            if lib.cuptiFinalize():
+                return False
         _detached()
     return True
 
@@ -1576,6 +1606,7 @@ def state() -> str:
 
 _LINGER = Deadline(_linger_over, "gpuworkbench-cupti-linger")
 _QUIET = -1  # the linger deadline's token for turning a taken-over watch's callbacks off (park tokens are >= 1)
+_PRIME = Deadline(_prime_parked, "gpuworkbench-cupti-prime", idle_s=None)  # one thread: PRIMER.threads names it
 _REATTACH = Deadline(_reattach, "gpuworkbench-cupti-reattach")
 _REATTACHED = threading.Event()
 _REATTACHED.set()

@@ -200,9 +200,9 @@ class ExitDetach:
 
 class Deadline:
     """One daemon thread that calls ``fn(token)`` once the deadline armed last passes; ``disarm`` cancels it.
-    The thread starts on the first ``arm`` and ends after ``idle_s`` with nothing armed."""
+    The thread starts on the first ``arm`` and ends after ``idle_s`` with nothing armed (None: never)."""
 
-    def __init__(self, fn: Callable[[int], None], name: str, idle_s: float = 60.0) -> None:
+    def __init__(self, fn: Callable[[int], None], name: str, idle_s: float | None = 60.0) -> None:
         self._fn = fn
         self._name = name
         self._idle_s = idle_s
