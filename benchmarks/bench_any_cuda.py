@@ -513,6 +513,18 @@ def empty_launches():
     return loop
 
 
+def timed_run(gw, pipe, inputs, outputs, traced: bool):
+    """One ``pipe.run``, inside a fresh ``gw.trace()`` or not: (ms it took, the trace or None)."""
+    t0 = time.perf_counter_ns()
+    if traced:
+        with gw.trace() as t:
+            pipe.run(inputs, outputs)
+    else:
+        t = None
+        pipe.run(inputs, outputs)
+    return (time.perf_counter_ns() - t0) / 1e6, t
+
+
 def traced_pairs(gw, pipe, inputs, outputs, count: int, gap_s: float = 0.0) -> list[dict[str, float]]:
     """``count`` ABBA pairs of one ``pipe.run`` untraced and inside a fresh ``gw.trace()``: ms of each, ``gap_s``
     slept before every run."""
@@ -521,13 +533,7 @@ def traced_pairs(gw, pipe, inputs, outputs, count: int, gap_s: float = 0.0) -> l
         pair = {}
         for which in ("untraced", "traced") if p % 2 == 0 else ("traced", "untraced"):
             time.sleep(gap_s)
-            t0 = time.perf_counter()
-            if which == "traced":
-                with gw.trace():
-                    pipe.run(inputs, outputs)
-            else:
-                pipe.run(inputs, outputs)
-            pair[which] = (time.perf_counter() - t0) * 1e3
+            pair[which] = timed_run(gw, pipe, inputs, outputs, which == "traced")[0]
         pairs.append(pair)
     return pairs
 

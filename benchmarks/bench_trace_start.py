@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_any_cuda import pipeline_setup, time_calls  # noqa: E402
+from bench_any_cuda import pipeline_setup, time_calls, timed_run  # noqa: E402
 
 from gpuworkbench.trace import cupti as cupti_source  # noqa: E402
 from gpuworkbench.trace import recorder  # noqa: E402
@@ -72,14 +72,7 @@ def run(gw, pipe, inputs, outputs, mode: str) -> float:
         _cells_before(gw, pipe, inputs, outputs)
         cupti_source.WATCH_UNTRACED = True
     time.sleep(GAP_S)
-    t0 = time.perf_counter()
-    if mode.startswith("traced"):
-        with gw.trace() as t:
-            pipe.run(inputs, outputs)
-    else:
-        t = None
-        pipe.run(inputs, outputs)
-    ms = (time.perf_counter() - t0) * 1e3
+    ms, t = timed_run(gw, pipe, inputs, outputs, mode.startswith("traced"))
     if t is not None:
         t.wait_pending()
         kernels = int((t.table()["kind"] == KIND_CODE["kernel"]).sum()) if len(t) else 0

@@ -22,7 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_any_cuda import pipeline_setup  # noqa: E402
+from bench_any_cuda import pipeline_setup, timed_run  # noqa: E402
 
 from gpuworkbench.buffer import Buffer  # noqa: E402
 from gpuworkbench.trace import cupti as cupti_source  # noqa: E402
@@ -75,15 +75,8 @@ def main() -> None:
                 cell_before()
             time.sleep(0.2)
             FIRST.clear()
-            t0 = time.perf_counter_ns()
-            if mode.startswith("traced"):
-                with gw.trace() as t:
-                    pipe.run(inputs, outputs)
-            else:
-                t = None
-                pipe.run(inputs, outputs)
-            total = (time.perf_counter_ns() - t0) / 1e3
-            runs[mode].append(((FIRST["out"] - FIRST["in"]) / 1e3, total))
+            ms, t = timed_run(gw, pipe, inputs, outputs, mode.startswith("traced"))
+            runs[mode].append(((FIRST["out"] - FIRST["in"]) / 1e3, ms * 1e3))
             if t is not None:
                 t.wait_pending()
     cupti_source.PRIME_AT_PARK = True
