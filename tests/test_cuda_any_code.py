@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -201,6 +202,7 @@ def test_the_primers_work_is_in_no_trace_and_a_parked_source_primes(cp, monkeypa
     from gpuworkbench.trace.cupti_prime import PRIMER
 
     monkeypatch.setattr(cupti_source, "WATCH_UNTRACED", False)
+    monkeypatch.setattr(PRIMER, "threads", PRIMER.threads)  # the thread below dies: its id must not stay named
     x = cp.ones(1 << 16, cp.float32)
     y = cp.empty(1, cp.float32)
     host = np.ones(1, np.float32)
@@ -225,6 +227,7 @@ def test_the_primers_work_is_in_no_trace_and_a_parked_source_primes(cp, monkeypa
     calls = table["name"][table["kind"] == KIND_CODE["api"]].tolist()
     assert any("emcpy" in c for c in calls) and not any("cuMemsetD32" in c for c in calls), calls
     for _ in range(3):
+        rounds = PRIMER.rounds
         with gw.trace(others=True) as t:
             x += 1
             cp.cuda.Device().synchronize()
@@ -232,6 +235,12 @@ def test_the_primers_work_is_in_no_trace_and_a_parked_source_primes(cp, monkeypa
         table = t.table()
         assert int(foreign(table, "kernel").sum()) == 1
         assert not ((table["bytes"] == 4) & (table["kind"] == KIND_CODE["memset"])).any()
+        assert not ((table["bytes"] == 4) & (table["kind"] == KIND_CODE["alloc"])).any()
+        deadline = time.monotonic() + 5
+        while PRIMER.rounds == rounds and time.monotonic() < deadline:
+            time.sleep(0.001)  # the park primes on its own thread; the next trace takes the primed source over
+        with PRIMER.lock:  # held for the whole prime: its count is final once it is free
+            assert PRIMER.rounds > rounds and PRIMER.primed >= 1, PRIMER.error
 
 
 _LET_GO = """

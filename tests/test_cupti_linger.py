@@ -324,17 +324,22 @@ def test_untraced_work_ends_the_linger_and_cupti_is_initialized_again_with_no_ki
     again.stop()
 
 
-def test_a_trace_taking_a_lingering_source_over_stops_the_watch(fake_cupti):
+def test_a_trace_taking_a_lingering_source_over_stops_the_watch(fake_cupti, monkeypatch):
     s = source()
     s.start()
     s.stop()
     lib = fake_cupti.raw.lib
     assert lib.domain_on
+    gate = threading.Event()
+    linger_over = cupti_mod._LINGER._fn
+    monkeypatch.setattr(cupti_mod._LINGER, "_fn", lambda token: (gate.wait(5), linger_over(token)))
     again = source()
     again.start()
     # its own launches are traced: nothing to watch; the callbacks go off on the linger thread, not in the start
-    assert not cupti_mod._DETACH.watching and cupti_mod._ACTIVE is again
-    lib.api_call(WORK)  # before they are off: the callback returns at once
+    assert not cupti_mod._DETACH.watching and cupti_mod._ACTIVE is again and lib.domain_on
+    lib.api_call(WORK)  # before they are off: the callback returns at once, no let-go
+    assert lib.calls[-1] == "domain 1 1" and cupti_mod._ACTIVE is again
+    gate.set()
     assert wait_for(lambda: not lib.domain_on) and lib.calls[-1] == "domain 1 0"
     lib.api_call(WORK)
     time.sleep(0.05)
@@ -423,8 +428,8 @@ def test_a_let_go_while_a_cell_runs_waits_for_the_cell_to_end(fake_cupti, monkey
 
 def test_a_park_primes_on_its_own_thread_then_watches_unless_taken_over_first(fake_cupti, monkeypatch):
     """With ``PRIME_AT_PARK`` the park hands priming to the prime thread (the parking thread, which the next trace
-    waits for, does not prime), which watches once it has primed; a source taken over before then is not watched.
-    No libcuda here: the primer fails, says why, and the watch still comes."""
+    waits for, does not prime), which watches once it has primed; a source taken over before then is neither primed
+    nor watched."""
     from gpuworkbench.trace.cupti_prime import PRIMER
 
     monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", True)
@@ -447,3 +452,22 @@ def test_a_park_primes_on_its_own_thread_then_watches_unless_taken_over_first(fa
     time.sleep(0.3)
     assert len(primed) == 1 and not cupti_mod._DETACH.watching  # nothing primed or watched for a source in use
     third.stop()
+
+
+def test_a_watch_firing_as_a_trace_takes_over_leaves_no_callback_on(fake_cupti, monkeypatch):
+    """The watch's report (a deadline for its park token) can replace the take-over's ``_QUIET``: the stale call then
+    turns the callbacks off itself, or every CUDA call of the trace would pay for them."""
+    gate = threading.Event()
+    linger_over = cupti_mod._LINGER._fn
+    monkeypatch.setattr(cupti_mod._LINGER, "_fn", lambda token: (gate.wait(5), linger_over(token)))
+    s = source()
+    s.start()
+    s.stop()
+    lib = fake_cupti.raw.lib
+    parked = cupti_mod._PARK_TOKEN
+    again = source()
+    again.start()
+    cupti_mod._LINGER.arm(0.0, parked)  # the watch's report, after the take-over armed _QUIET
+    gate.set()
+    assert wait_for(lambda: not lib.domain_on) and cupti_mod._ACTIVE is again
+    again.stop()

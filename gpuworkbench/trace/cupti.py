@@ -1102,6 +1102,13 @@ class CuptiSource:
                 api = None
         if self._k_memory >= 0:
             rows = self._after_cutoff(at[kinds == self._k_memory], "memory", "timestamp", column)
+            if PRIMER.addresses and rows.size:  # the primer's own allocation, made as a trace may take over
+                device = column(rows, "memory", "device_id").astype(np.int64)
+                address = column(rows, "memory", "address").astype(np.uint64)
+                primers = np.zeros(rows.size, bool)
+                for d, a in PRIMER.addresses:
+                    primers |= (device == d) & (address == np.uint64(a))
+                rows = rows[~primers]
             if rows.size:
                 memory = {f: column(rows, "memory", f).astype(np.int64) for f in self._fields["memory"]}
                 memory["timestamp"] = _to_ns(memory["timestamp"])
@@ -1324,9 +1331,9 @@ def _prime_parked(token: int) -> None:
         PRIMER.prime(lib)
     finally:
         PRIMER.lock.release()
-    with _STATE_LOCK:
-        if token == _PARK_TOKEN and _PARKED is not None:
-            _watch(token)
+        with _STATE_LOCK:
+            if token == _PARK_TOKEN and _PARKED is not None:
+                _watch(token)
 
 
 def _claim_parked(taking_over: bool = False) -> CuptiSource | None:
@@ -1350,8 +1357,11 @@ def _claim_parked(taking_over: bool = False) -> CuptiSource | None:
 
 
 def _unpark() -> bool:
-    """Turn the parked source's kinds off and drop what CUPTI still holds (under ``_STATE_LOCK``); False if none."""
-    source = _claim_parked()
+    """Turn the parked source's kinds off and drop what CUPTI still holds (under ``_STATE_LOCK``); False if none.
+    A prime under way is waited for (``PRIMER.lock``): none starts after (its token is stale), so whatever follows
+    (a finalize, another tool's subscriber) never meets a CUDA call of the primer's."""
+    with PRIMER.lock:
+        source = _claim_parked()
     if source is None:
         return False
     source._disable_all()
@@ -1373,6 +1383,8 @@ def _linger_over(token: int) -> None:
         if token != _PARK_TOKEN:  # a stale call (a watch that fired as a trace took over): keep the live deadline
             if _PARKED is not None and not _LINGER.armed:
                 _LINGER.arm(LINGER_S, _PARK_TOKEN)
+            elif _PARKED is None and _DETACH is not None:
+                _DETACH.quiet()  # it may have replaced a take-over's _QUIET: the callbacks must not stay on
             return
         if _BLOCKERS:  # letting go could wait for the blocker (a persistent kernel): linger on, unwatched
             if _DETACH is not None:
@@ -1412,6 +1424,7 @@ def _detached() -> None:
         _RAW.ours = False
     _API_FILTER_SET = False
     _TICK_REF, _TICKS_PER_NS = None, 1.0  # another tool's timestamp callback may be gone with it: learn the rate again
+    PRIMER.streams = frozenset()  # CUPTI's stream ids may differ once it is initialized again: asked at each prime
 
 
 def block(owner: object, reason: str) -> None:
@@ -1427,7 +1440,7 @@ def block(owner: object, reason: str) -> None:
 
 def unblock(owner: object) -> None:
     """``owner``'s block ends; CUPTI attached with its kinds off (a detach the block called off) is let go."""
-    with _STATE_LOCK:
+    with _STATE_LOCK, PRIMER.lock:  # no prime under way when the detach is armed
         _BLOCKERS.pop(id(owner), None)
         detach = _DETACH
         go = (
@@ -1704,6 +1717,7 @@ def _stop_active_at_exit() -> None:
         with contextlib.suppress(Exception):
             source.stop()  # parks it: turned off just below
     with contextlib.suppress(Exception), _STATE_LOCK:
+        _PRIME.disarm()
         _cancel_reattach()
         _unpark()
         _cancel_detach(unsubscribe=True)

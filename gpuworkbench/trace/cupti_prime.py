@@ -8,11 +8,16 @@ user's own thread, to ~120 µs: part of the cost is per thread, which no thread 
 zero-byte memset (an API record and no device work) did not help. With the watch on (the default) the first op
 took 422 against 547 µs.
 
-Only devices whose primary context is active are primed (no context is ever created here); each gets, once per
-process, a non-blocking stream and a 4-byte allocation in that context, kept for the process's life. Nothing waits
-for the primer's work. ``cupti.py`` primes on a thread of its own after the park (~0.5 ms of priming would otherwise
-hold up the next trace's start, which waits for the last trace's harvester) and drops the primer's records: its
-streams' work and its thread's API calls. Nothing here imports cupti-python or a CUDA library: libcuda via ctypes.
+Only devices whose primary context is active are primed; the context is retained for the prime and released after
+it, so the primer never keeps one alive (a context released by everyone else between the check and the retain would
+be made again for the prime: a window of microseconds). Each context gets a non-blocking stream and a 4-byte
+allocation, made on its first prime and again whenever the device's primary context is a new one (``cuCtxGetId``);
+they go with their context. A device is primed only where CUPTI names the stream's id (``cuptiGetStreamIdEx``, asked
+at every prime: ids may change when CUPTI is let go and initialized again), so that its records can be dropped.
+Nothing waits for the primer's work. ``cupti.py`` primes on a thread of its own after the park (~0.5 ms of priming
+would otherwise hold up the next trace's start, which waits for the last trace's harvester) and drops the primer's
+records: its streams' work, its allocations and its thread's API calls. Nothing here imports cupti-python or a CUDA
+library: libcuda via ctypes.
 """
 
 from __future__ import annotations
@@ -24,43 +29,6 @@ from typing import Any
 _CU_STREAM_NON_BLOCKING = 1
 
 
-class _Device:
-    """What priming one device needs, made once: its primary context, a stream and 4 device bytes."""
-
-    def __init__(self, lib: Any, ordinal: int, cupti_lib: Any) -> None:
-        device = ctypes.c_int()
-        context = ctypes.c_void_p()
-        stream = ctypes.c_void_p()
-        pointer = ctypes.c_uint64()
-        _check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
-        _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
-        self.context = context
-        pushed = False
-        try:  # a failure gives back what was made: the stream and the context's retain
-            _check(lib.cuCtxPushCurrent_v2(context), "cuCtxPushCurrent")
-            pushed = True
-            _check(lib.cuStreamCreate(ctypes.byref(stream), _CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-            _check(lib.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(4)), "cuMemAlloc")
-        except PrimeFailed:
-            if stream.value:
-                lib.cuStreamDestroy_v2(stream)
-            if pushed:
-                lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
-            lib.cuDevicePrimaryCtxRelease_v2(device)
-            raise
-        lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
-        self.stream, self.pointer = stream, pointer
-        #: CUPTI's id of the stream (its records carry it), or -1 where CUPTI could not say.
-        self.cupti_stream = -1
-        fn = getattr(cupti_lib, "cuptiGetStreamIdEx", None) if cupti_lib is not None else None
-        if fn is not None:
-            sid = ctypes.c_uint32()
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint8, ctypes.POINTER(ctypes.c_uint32)]
-            if not fn(context, stream, 0, ctypes.byref(sid)):
-                self.cupti_stream = sid.value
-        self.host = ctypes.c_uint32(0)  # pageable: the copy is staged, as most libraries' first copies are
-
-
 class PrimeFailed(RuntimeError):
     """A driver call of the primer failed (its name and status)."""
 
@@ -70,22 +38,46 @@ def _check(status: int, what: str) -> None:
         raise PrimeFailed(f"{what} returned CUDA error {status}")
 
 
+class _Device:
+    """One device's stream and 4 device bytes, in the primary context they were made in (``context_id``)."""
+
+    def __init__(self) -> None:
+        self.context_id: int | None = None
+        self.stream = ctypes.c_void_p()
+        self.pointer = ctypes.c_uint64()
+        self.host = ctypes.c_uint32(0)  # pageable: the copy is staged, as most libraries' first copies are
+
+    def make(self, lib: Any, context_id: int) -> None:
+        """A stream and 4 bytes in the current context (pushed by the caller); on failure, nothing is left."""
+        stream, pointer = ctypes.c_void_p(), ctypes.c_uint64()
+        _check(lib.cuStreamCreate(ctypes.byref(stream), _CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        try:
+            _check(lib.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(4)), "cuMemAlloc")
+        except PrimeFailed:
+            lib.cuStreamDestroy_v2(stream)
+            raise
+        self.stream, self.pointer, self.context_id = stream, pointer, context_id
+
+
 class Primer:
     """``prime()``: one tiny copy and memset on every device whose primary context is active, with ``lock`` held."""
 
     def __init__(self) -> None:
-        #: Held while priming: ``cuptiFinalize`` outside a CUDA call's exit (``cupti.let_go``) must not run meanwhile.
+        #: Held while priming: CUPTI is not let go, finalized or handed over meanwhile (``cupti.py``).
         self.lock = threading.Lock()
         self._lib: Any = None
-        self._devices: dict[int, _Device | None] = {}  # ordinal -> its set-up (None: it failed, never tried again)
-        #: (CUDA ordinal, CUPTI stream id) of the primer's streams: a source drops their records (work primed just
-        #: before a trace took the source over can end after its cutoff).
+        self._devices: dict[int, _Device | None] = {}  # ordinal -> its stream and bytes (None: failed, never again)
+        #: (CUDA ordinal, CUPTI stream id) of the primer's streams as of the last prime: a source drops their records
+        #: (work primed just before a trace took the source over can end after its cutoff).
         self.streams: frozenset[tuple[int, int]] = frozenset()
+        #: (CUDA ordinal, device pointer) of the primer's allocations: a source drops their allocation records.
+        self.addresses: frozenset[tuple[int, int]] = frozenset()
         #: Low 32 bits of the thread that primed last (as CUPTI names threads): its API calls are the primer's.
         #: ``cupti.py`` primes on one thread that lives as long as the process.
         self.threads: frozenset[int] = frozenset()
-        #: Devices primed by the last call, and the last failure (empty: none).
+        #: Devices primed by the last call, calls so far, and the last failure (empty: none).
         self.primed = 0
+        self.rounds = 0
         self.error = ""
 
     def _load(self) -> Any:
@@ -96,11 +88,12 @@ class Primer:
             lib.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
             lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_void_p]
             lib.cuCtxPushCurrent_v2.argtypes = [ctypes.c_void_p]
+            lib.cuCtxGetId.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
             self._lib = lib
         return self._lib or None
 
     def _active(self, lib: Any) -> list[int]:
-        """Ordinals whose primary context is active (retained by a library, or by us)."""
+        """Ordinals whose primary context is active (retained by a library)."""
         count = ctypes.c_int()
         if lib.cuDeviceGetCount(ctypes.byref(count)):
             return []  # the driver is not initialized: no CUDA work was ever done, nothing to prime
@@ -114,44 +107,68 @@ class Primer:
         return active
 
     def prime(self, cupti_lib: Any = None) -> int:
-        """Enqueue the copy and memset on each active device (the caller holds ``lock``); the number of devices
-        primed. Never raises. ``cupti_lib`` (libcupti through ctypes, CUPTI attached) names each new stream's CUPTI
-        id in ``streams``."""
+        """Enqueue the copy and memset on each active device whose stream CUPTI names (the caller holds ``lock``);
+        the number of devices primed. ``cupti_lib``: libcupti through ctypes, CUPTI attached (None: nothing is
+        primed). Never raises: a failure is kept in ``error``."""
         self.primed = 0
+        self.rounds += 1
         self.threads = frozenset({threading.get_ident() & 0xFFFFFFFF})
+        streams = set()
         try:
             lib = self._load()
-            for ordinal in self._active(lib) if lib is not None else ():
-                dev = self._device(lib, ordinal, cupti_lib)
-                if dev is None:
-                    continue
-                lib.cuCtxPushCurrent_v2(dev.context)
+            get_id = getattr(cupti_lib, "cuptiGetStreamIdEx", None) if cupti_lib is not None else None
+            if lib is None or get_id is None:
+                return 0
+            get_id.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint8, ctypes.POINTER(ctypes.c_uint32)]
+            for ordinal in self._active(lib):
+                if self._devices.get(ordinal, True) is None:
+                    continue  # failed before
                 try:
-                    _check(
-                        lib.cuMemcpyHtoDAsync_v2(dev.pointer.value, ctypes.addressof(dev.host), 4, dev.stream),
-                        "cuMemcpyHtoDAsync",
-                    )
-                    _check(lib.cuMemsetD32Async(dev.pointer.value, 0, 1, dev.stream), "cuMemsetD32Async")
-                    self.primed += 1
+                    sid = self._prime_device(lib, ordinal, get_id)
                 except PrimeFailed as exc:
                     self.error = f"device {ordinal}: {exc}"
-                finally:
-                    lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
-        except (OSError, AttributeError) as exc:  # no libcuda, or one without these entry points
+                    if self._devices.get(ordinal) is None or self._devices[ordinal].context_id is None:
+                        self._devices[ordinal] = None  # its set-up failed: never tried again
+                    continue
+                if sid is not None:
+                    streams.add((ordinal, sid))
+                    self.primed += 1
+        except Exception as exc:  # noqa: BLE001  (no libcuda, an entry point missing, a ctypes error): never raise
             self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.streams = frozenset(streams)
         return self.primed
 
-    def _device(self, lib: Any, ordinal: int, cupti_lib: Any) -> _Device | None:
-        """The set-up of ``ordinal``, made on first use (None: it failed once, and is never tried again)."""
-        if ordinal not in self._devices:
+    def _prime_device(self, lib: Any, ordinal: int, get_id: Any) -> int | None:
+        """Retain the primary context, (re)make the stream and bytes if it is a new one, ask CUPTI the stream's id,
+        enqueue the copy and memset, release; the CUPTI stream id, or None where CUPTI could not say (not primed)."""
+        device, context = ctypes.c_int(), ctypes.c_void_p()
+        _check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
+        _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+        try:
+            _check(lib.cuCtxPushCurrent_v2(context), "cuCtxPushCurrent")
             try:
-                made = self._devices[ordinal] = _Device(lib, ordinal, cupti_lib)
-                if made.cupti_stream >= 0:
-                    self.streams = self.streams | {(ordinal, made.cupti_stream)}
-            except PrimeFailed as exc:
-                self._devices[ordinal] = None
-                self.error = f"device {ordinal}: {exc}"
-        return self._devices[ordinal]
+                context_id = ctypes.c_uint64()
+                _check(lib.cuCtxGetId(context, ctypes.byref(context_id)), "cuCtxGetId")
+                dev = self._devices.get(ordinal)
+                if dev is None or dev.context_id != context_id.value:  # first use, or the context was made anew
+                    dev = self._devices[ordinal] = dev or _Device()
+                    dev.context_id = None
+                    dev.make(lib, context_id.value)
+                    self.addresses = self.addresses | {(ordinal, dev.pointer.value)}
+                sid = ctypes.c_uint32()
+                if get_id(context, dev.stream, 0, ctypes.byref(sid)):
+                    return None
+                _check(
+                    lib.cuMemcpyHtoDAsync_v2(dev.pointer.value, ctypes.addressof(dev.host), 4, dev.stream),
+                    "cuMemcpyHtoDAsync",
+                )
+                _check(lib.cuMemsetD32Async(dev.pointer.value, 0, 1, dev.stream), "cuMemsetD32Async")
+                return sid.value
+            finally:
+                lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+        finally:
+            lib.cuDevicePrimaryCtxRelease_v2(device)
 
 
 PRIMER = Primer()
