@@ -75,6 +75,26 @@ def test_a_call_delivered_before_its_op_is_handed_over_waits_then_others_are_dro
     assert join.unplaced_calls == 1 and join.join(None, resolve=ops.resolve) is None
 
 
+def test_a_flush_with_no_call_beside_held_calls_keeps_them():
+    """A flush whose API calls were all dropped (cut off, or the primer's) gives empty columns: the calls held from
+    before stay held and are placed later (this raised KeyError('born') in the harvester)."""
+    ops, join = CuptiOps(), ExternalIdJoin(hold_flushes=3)
+    calls = {"thread": np.array([MAIN & LOW]), "start": np.array([150]), "correlation_id": np.array([41])}
+    empty = {k: v[:0] for k, v in calls.items()}
+    kernel = {
+        "start": np.array([1000]),
+        "end": np.array([1010]),
+        "correlation_id": np.array([41]),
+        "runtime_correlation_id": np.zeros(1, np.int64),
+    }
+    assert join.join(kernel, calls=calls, resolve=ops.resolve) is None  # the op is not handed over yet: held
+    assert join.join(None, calls=empty, resolve=ops.resolve) is None
+    launch(ops, 1, 100, 200)
+    ops.take_rows(2)
+    out = join.join(None, calls=empty, resolve=ops.resolve)
+    assert out["correlation_id"].tolist() == [41] and out["external_id"].tolist() == [1]
+
+
 def test_enqueue_time_is_the_window_start_on_the_trace_clock():
     ops = CuptiOps()
     launch(ops, 1, 5_000, 6_000)

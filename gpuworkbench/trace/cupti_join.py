@@ -80,7 +80,9 @@ class ExternalIdJoin:
         the op id each call was made in (-1: none). A call not placed yet is tried again at the next flushes (its op
         may be handed over after CUPTI delivered the call), then dropped as not ours after ``hold_flushes``."""
         now = self.flushes + 1  # the flush ``join`` is about to count
-        if calls is not None and calls["start"].size:
+        if calls is not None and not calls["start"].size:
+            calls = None  # a flush with no call (all cut off, or the primer's): nothing to add to the held ones
+        if calls is not None:
             calls = dict(calls)
             calls["born"] = np.full(calls["start"].size, now, np.int64)
         held, self._calls = self._calls, None
