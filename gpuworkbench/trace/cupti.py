@@ -1298,7 +1298,8 @@ ATTACH_EARLY = True
 
 def _park(source: CuptiSource) -> None:
     """Leave ``source``'s kinds on for ``LINGER_S`` (under ``_STATE_LOCK``); then ``_linger_over`` lets CUPTI go. With
-    ``WATCH_UNTRACED``, sooner: at the first untraced call that enqueues device work."""
+    ``WATCH_UNTRACED``, sooner: at the first untraced call that enqueues device work. With ``PRIME_AT_PARK`` the
+    prime thread primes CUPTI first (``_prime_parked``), then watches."""
     global _PARKED, _PARK_TOKEN
     _PARKED, _PARK_TOKEN = source, _PARK_TOKEN + 1
     token = _PARK_TOKEN
@@ -1317,8 +1318,9 @@ def _watch(token: int) -> None:
 
 def _prime_parked(token: int) -> None:
     """Prime CUPTI for the source parked as ``token`` (``cupti_prime.py``), then watch; nothing if a trace took it
-    over or it was let go first. The primer's lock is taken before the state lock goes, so that ``let_go`` (which
-    finalizes outside a CUDA call's exit) waits for a prime under way; a take-over does not."""
+    over or it was let go first. The primer's lock is taken before the state lock goes, so that letting the source
+    go (``_unpark``: then a finalize, or another tool's subscriber) waits for a prime under way; a take-over does
+    not."""
     with _STATE_LOCK:
         if token != _PARK_TOKEN or _PARKED is None or _RAW is None:
             return
