@@ -76,20 +76,33 @@ class Workload:
         self.scale = cp.ElementwiseKernel("float32 x", "float32 y", "y = 2 * x + 1", "scale_add")
         self.run()
 
+    def _mark(self, stream, tag: str) -> None:
+        """A point of the run after an op on ``stream`` (``MarkedWorkload`` records an event there); nothing here."""
+
     def run(self) -> None:
         torch, cp = self.torch, self.cp
-        with torch.cuda.stream(self.torch_stream):
+        mark, ts, cs = self._mark, self.torch_stream, self.cupy_stream
+        with torch.cuda.stream(ts):
+            mark(ts, "torch")
             c = self.a
-            for _ in range(4):
+            for i in range(4):
                 c = c @ self.a
+                mark(ts, f"mm{i}")
             torch.relu(c)
-        with self.cupy_stream:
+            mark(ts, "relu")
+        with cs:
             x = cp.empty(self.host.shape, cp.float32)
-            x.set(self.pinned, stream=self.cupy_stream)  # pinned H2D, async
             y = cp.empty_like(x)
-            y.set(self.host, stream=self.cupy_stream)  # pageable H2D
+            mark(cs, "cupy")
+            x.set(self.pinned, stream=cs)  # pinned H2D, async
+            mark(cs, "h2d_pinned")
+            y.set(self.host, stream=cs)  # pageable H2D
+            mark(cs, "h2d_pageable")
             self.scale(x, self.out)
-            float(self.out.sum())  # a reduction and its D2H of one value
+            mark(cs, "scale")
+            total = self.out.sum()  # a reduction ...
+            mark(cs, "sum")
+            float(total)  # ... and its D2H of one value, after the last mark
         torch.cuda.synchronize()
 
 
@@ -100,38 +113,16 @@ class MarkedWorkload(Workload):
     STEPS = (("torch", ("mm0", "mm1", "mm2", "mm3", "relu")), ("cupy", ("h2d_pinned", "h2d_pageable", "scale", "sum")))
 
     def run(self) -> None:
-        torch, cp = self.torch, self.cp
-        marks: dict[str, object] = {}
+        self.marks: dict[str, object] = {}
+        super().run()
 
-        def mark(stream, tag: str) -> None:
-            event = cp.cuda.Event()
-            event.record(stream)
-            marks[tag] = event
-
-        torch_stream = cp.cuda.ExternalStream(self.torch_stream.cuda_stream)
-        with torch.cuda.stream(self.torch_stream):
-            mark(torch_stream, "torch")
-            c = self.a
-            for i in range(4):
-                c = c @ self.a
-                mark(torch_stream, f"mm{i}")
-            torch.relu(c)
-            mark(torch_stream, "relu")
-        with self.cupy_stream:
-            x = cp.empty(self.host.shape, cp.float32)
-            y = cp.empty_like(x)
-            mark(self.cupy_stream, "cupy")
-            x.set(self.pinned, stream=self.cupy_stream)
-            mark(self.cupy_stream, "h2d_pinned")
-            y.set(self.host, stream=self.cupy_stream)
-            mark(self.cupy_stream, "h2d_pageable")
-            self.scale(x, self.out)
-            mark(self.cupy_stream, "scale")
-            total = self.out.sum()
-            mark(self.cupy_stream, "sum")
-            float(total)  # its D2H of one value, after the last mark
-        torch.cuda.synchronize()
-        self.marks = marks
+    def _mark(self, stream, tag: str) -> None:
+        cp = self.cp
+        if stream is self.torch_stream:
+            stream = cp.cuda.ExternalStream(stream.cuda_stream)
+        event = cp.cuda.Event()
+        event.record(stream)
+        self.marks[tag] = event
 
     def event_spans(self) -> list[dict]:
         """The last run's ops as span dicts (``torch_spans``' form), each from the event before it to its own."""

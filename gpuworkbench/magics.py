@@ -96,7 +96,7 @@ _let_go_in_cell = False
 def _let_go_before_untraced_cell(info: Any) -> None:
     """Before a cell that does not trace, let go the CUPTI a trace left lingering: it would slow every CUDA call of the
     cell (an empty launch 1.5 ×) until its first launch, copy or memset lets it go. Cells that trace (or ask about
-    CUPTI: ``%gpu cupti``) keep it, and start at no cost; so do the cells before the first trace, for which
+    CUPTI: ``%gpu cupti``) keep it, and start without attaching it; so do the cells before the first trace, for which
     ``%load_ext`` parked one, until one launches work. Runs on the kernel's thread, after waiting (up to 1 s) for a
     re-initialization of CUPTI due after the last cell; marks the cell as running (``cupti.CELL_RUNNING``); a trace
     that still records keeps CUPTI."""

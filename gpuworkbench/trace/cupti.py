@@ -1596,7 +1596,7 @@ def state() -> str:
         when = f"in {left:.0f} s" if left is not None else "soon"
         watching = _DETACH is not None and _DETACH.watching
         return (
-            f"lingering: attached with its kinds on, so that the next trace starts at no cost; let go "
+            f"lingering: attached with its kinds on, so that the next trace starts without attaching it; let go "
             f"{'at the first untraced launch, copy or memset, or ' if watching else ''}{when} unless a trace takes "
             f"it over (cupti.LINGER_S = {LINGER_S:g}). Every CUDA call pays for it meanwhile"
         )
@@ -1678,10 +1678,10 @@ def other_client() -> str:
 def prepare() -> None:
     """Do once what makes the first CUPTI trace slow: import cupti-python (~60 ms on the H100 machine), open libcupti
     and, with ``ATTACH_EARLY``, attach CUPTI (~20 ms; nothing is recorded until a trace starts) and start a source
-    and park it (``stop``): the first trace takes it over at no cost, unless untraced work or ``LINGER_S`` let it go
-    first. On the calling thread: the process's first CUPTI set-up from a thread beside the user's CUDA calls made
-    later CUDA calls fail ('context is destroyed', seen on the H100 machine); initializing it again after a let-go
-    (``reattach_soon``, from a thread of ours) did not, in 15 of 15 processes on an H200.
+    and park it (``stop``): the first trace takes it over without attaching, unless untraced work or ``LINGER_S``
+    let it go first. On the calling thread: the process's first CUPTI set-up from a thread beside the user's CUDA
+    calls made later CUDA calls fail ('context is destroyed', seen on the H100 machine); initializing it again after
+    a let-go (``reattach_soon``, from a thread of ours) did not, in 15 of 15 processes on an H200.
     ``%load_ext gpuworkbench`` calls it; so does the first trace that meets CUDA. Never raises."""
     global _PREPARED, _ATTACHED
     attached = False
@@ -1713,7 +1713,9 @@ def prepare() -> None:
 
 def _stop_active_at_exit() -> None:
     """Stop the active or parked source and call off a detach before the interpreter goes: CUPTI must not call into
-    a finalizing Python."""
+    a finalizing Python. Nothing is primed (no new thread, no CUDA work, as the interpreter ends)."""
+    global PRIME_AT_PARK
+    PRIME_AT_PARK = False
     source = _ACTIVE
     if source is not None:
         with contextlib.suppress(Exception):
