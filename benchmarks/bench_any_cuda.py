@@ -534,10 +534,7 @@ def child(mode: str) -> None:
     if mode in ("first-traced", "first-traced-loaded", "first-untraced"):
         gw, dev, pipe, inputs, outputs = pipeline_setup()
         if mode == "first-traced-loaded":  # what ``%load_ext gpuworkbench`` does before the first cell
-            from gpuworkbench.trace.harvest_threads import THREADS
-
-            gw.cupti.prepare()
-            THREADS.warm()
+            gw._prepare_tracing()
         time.sleep(1.0)  # a notebook's pause between cells
         t0 = time.perf_counter()
         if mode != "first-untraced":

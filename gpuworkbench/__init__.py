@@ -47,6 +47,7 @@ from .trace import cupti
 from .trace.compare import compare
 from .trace.kineto import load_trace
 from .trace.recorder import Trace
+from .trace.recorder import new_trace as _new_trace
 
 __version__ = "0.1.0"
 
@@ -56,7 +57,7 @@ def trace(
 ) -> Trace:
     """A Trace to use as ``with gw.trace() as t:``; records every op on every device without synchronizing.
     ``others`` (on unless False or ``GPUWB_TRACE_OTHERS=0``): other libraries' CUDA work too (CuPy, PyTorch ...)."""
-    return Trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
+    return _new_trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
 
 
 def live(trace: Trace | None = None, device: Device | str | None = None, client: Any = None, **options: Any) -> Any:
@@ -90,12 +91,20 @@ def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's shell
     """``%load_ext gpuworkbench``: registers the ``%gpu`` and ``%%gpu`` magics and the JupyterLab panel's comm."""
     from .comm import register as serve_panel
     from .magics import register
-    from .trace.harvest_threads import THREADS
 
     register(ipython)
     serve_panel(ipython)  # a no-op outside a Jupyter kernel
-    cupti.prepare()  # CUPTI's one-time setup now, so that the first %%gpu cell does not pay it
-    THREADS.warm()  # and a harvest thread waiting for it (starting one took 0.3-0.4 ms of a trace's start)
+    _prepare_tracing()
+
+
+def _prepare_tracing() -> None:
+    """What ``%load_ext`` readies so that the first traced cell does not pay for it."""
+    from .trace.harvest_threads import THREADS
+    from .trace.recorder import make_spares
+
+    cupti.prepare()  # CUPTI's one-time setup (~75 ms of the first trace otherwise)
+    THREADS.warm()  # a harvest thread waiting (starting one took 0.3-0.4 ms of a trace's start)
+    make_spares(cupti=cupti.lingering())  # the first trace's objects (made on its start: ~0.1 ms on a cold CPU)
 
 
 __all__ = [

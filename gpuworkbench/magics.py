@@ -649,9 +649,9 @@ class GpuMagics(Magics):
             os.environ["GPUWB_DEVICE"] = dev.spec  # gw.Device() inside the cell gets it
 
         body, last = self._compile(cell)
-        from .trace.recorder import Trace
+        from .trace.recorder import new_trace
 
-        trace = Trace()
+        trace = new_trace()
         namespace = self.shell.user_ns
         record = TraceRecord(-1, time.time(), 0.0, (0, 0), None, None, None, trace, name)
         trace.start()

@@ -130,6 +130,8 @@ def fake_cupti(monkeypatch):
     monkeypatch.setattr(cupti_mod, "CELL_RUNNING", False)  # as in a script
     monkeypatch.setattr(cupti_mod, "_BLOCKERS", {})
     monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", False)  # a park watches at once (priming: its own tests)
+    monkeypatch.setattr(cupti_mod, "QUIET_BY", "linger")  # these sources run without a trace's harvest thread
+    monkeypatch.setattr(cupti_mod, "_QUIET_DUE", False)
     work = bytearray(WORK + 1)
     work[WORK] = 1  # the fake's one call that enqueues device work
     monkeypatch.setattr(cupti_mod, "_WORK_CBIDS", bytes(work))
@@ -471,3 +473,61 @@ def test_a_watch_firing_as_a_trace_takes_over_leaves_no_callback_on(fake_cupti, 
     gate.set()
     assert wait_for(lambda: not lib.domain_on) and cupti_mod._ACTIVE is again
     again.stop()
+
+
+def test_a_source_made_ahead_takes_a_parked_source_over_and_starts_again_reset(fake_cupti, monkeypatch):
+    """``make_spare_source`` makes the next trace's source once a source has started (its tables kept): no CUDA or
+    CUPTI call; ``new_source`` hands it out once. A source started before is reset when it starts again."""
+    monkeypatch.setattr(cupti_mod, "_SPARE_SOURCES", [])
+    monkeypatch.setattr(cupti_mod, "_TABLES", {})
+    cupti_mod.make_spare_source()
+    assert cupti_mod._SPARE_SOURCES == []  # no source has made its tables yet
+    fake = sys.modules["cupti"].cupti
+    monkeypatch.setitem(cupti_mod._TABLES, id(fake), (fake, {"_k_memcpy": 1}))
+    first = source()
+    first.start()
+    first.stop()
+    calls = list(fake_cupti.raw.lib.calls)
+    cupti_mod.make_spare_source()
+    cupti_mod.make_spare_source()  # one is enough
+    assert len(cupti_mod._SPARE_SOURCES) == 1 and fake_cupti.raw.lib.calls == calls
+    spare = cupti_mod._SPARE_SOURCES[0]
+    assert spare._tables_ready and spare._k_memcpy == 1 and not spare.running
+    second = cupti_mod.new_source()
+    assert second is spare and cupti_mod._SPARE_SOURCES == [] and cupti_mod.new_source() is not spare
+    fake_cupti.log.clear()
+    second.start()
+    assert fake_cupti.log == [] and cupti_mod._ACTIVE is second and second._cutoff == 5_000  # took the parked over
+    second.stop()
+    second._extras["api"].append("left from its last run")
+    joiner = second._joiner
+    second.start()  # again: reset, so nothing of its last run is carried into this one
+    assert second._extras["api"] == [] and second._joiner is not joiner
+    second.stop()
+
+
+def test_a_take_over_leaves_the_callbacks_to_the_trace_harvest_thread_when_quiet_by_trace(fake_cupti, monkeypatch):
+    """``QUIET_BY == "trace"``: a take-over wakes no linger thread; the taking trace's harvest thread turns the watch's
+    callbacks off as it begins (``quiet_taken_over``), unless a watch needs them again by then."""
+    monkeypatch.setattr(cupti_mod, "QUIET_BY", "trace")
+    lib = fake_cupti.raw.lib
+    s = source()
+    s.start()
+    s.stop()
+    assert lib.domain_on and cupti_mod._LINGER.armed
+    again = source()
+    again.start()
+    assert not cupti_mod._LINGER.armed and lib.domain_on and cupti_mod._QUIET_DUE  # nothing woken, nothing due
+    lib.api_call(WORK)  # the callback returns at once: its work is traced
+    assert cupti_mod._ACTIVE is again and "finalize" not in lib.calls
+    cupti_mod.quiet_taken_over()
+    assert not lib.domain_on and lib.calls[-1] == "domain 1 0" and not cupti_mod._QUIET_DUE
+    cupti_mod.quiet_taken_over()  # once
+    assert lib.calls[-1] == "domain 1 0" and lib.calls.count("domain 1 0") == 1
+    again.stop()  # parks: watching again
+    third = source()
+    third.start()
+    third.stop()  # parked again before its harvest thread began: the watch needs the callbacks
+    assert cupti_mod._QUIET_DUE and cupti_mod._DETACH.watching
+    cupti_mod.quiet_taken_over()
+    assert lib.domain_on and cupti_mod._DETACH.watching

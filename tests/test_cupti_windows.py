@@ -246,6 +246,7 @@ def offline_trace():
 
     t = Trace(interval_s=0.005)
     t._cupti = offline_source()
+    t._clocks_sampled = True  # the hand-made records are on the host's clock: offsets 0
     t._devices[0] = DeviceClock(key="cuda:0", name="offline", source="cupti")
     t._cupti_flags.append(True)
     return t.start()
@@ -304,3 +305,19 @@ def test_a_backlog_past_the_bound_is_decoded_even_unread(monkeypatch):
         assert wait_for(lambda: len(t) == 2)
     finally:
         t.stop()
+
+
+def test_a_take_over_cutoff_is_kept_in_cuptis_own_timestamps_so_a_later_rate_cannot_move_records_across_it(
+    monkeypatch,
+):
+    """After torch.profiler, CUPTI's timestamps are ticks mapped to ns by a rate learned from samples. The cutoff of a
+    take-over is compared with the records' raw timestamps: a rate learned after it moves both alike."""
+    src = offline_source()
+    src._cutoff = 1_000_000  # raw timestamp at the take-over
+    monkeypatch.setattr(cupti_mod, "_TICKS", True)
+    monkeypatch.setattr(cupti_mod, "_TICK_REF", (0, 0))
+    monkeypatch.setattr(cupti_mod, "_TICKS_PER_NS", 2.0)  # learned after the cutoff: ns = ticks / 2
+    src._ingest(kernel_record(900_000, 999_000, 1) + kernel_record(990_000, 1_001_000, 2))
+    out = src.flush_columns(eager=True, full=True)
+    assert out["correlation_id"].tolist() == [2]  # ended before the cutoff: dropped, whatever the rate
+    assert out["end"].tolist() == [500_500]  # and the span is in ns

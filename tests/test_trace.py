@@ -340,3 +340,62 @@ def test_a_warmed_harvest_thread_serves_the_next_trace():
     assert t.wait_pending(10)
     t._thread.join(10)
     assert {th.ident for th in threading.enumerate()} <= before  # the trace ran on a thread that was waiting
+
+
+def test_a_trace_made_ahead_serves_the_next_trace_with_default_arguments(monkeypatch):
+    """A trace's harvester, as it ends, makes the next trace's object (``make_spares``): ``gw.trace()`` with default
+    arguments gets it, unstarted, with a new id; other arguments, or ``GPUWB_TRACE_OTHERS`` changed since, get a new
+    one."""
+    from gpuworkbench.trace import recorder
+
+    dev = gw.Device(0, backend="cpu")
+    buf = dev.alloc(16, "float32")
+    try:
+        with gw.trace() as first:
+            buf.fill_bytes(0)
+        assert first.wait_pending(10)
+        first._thread.join(10)
+        assert len(recorder._SPARES) == 1
+        spare = recorder._SPARES[0]
+        assert spare is not first and not spare.recording and len(spare) == 0
+        second = gw.trace(capacity=10)  # not the defaults: a new trace, the spare stays
+        assert second is not spare and second.capacity == 10 and recorder._SPARES == [spare]
+        third = gw.trace()
+        assert third is spare and recorder._SPARES == [] and third.id > second.id > first.id
+        with third:
+            buf.fill_bytes(0)
+        assert third.wait_pending(10) and [s.kind for s in third.spans] == ["memset"]
+        third._thread.join(10)
+        assert len(recorder._SPARES) == 1 and recorder._SPARES[0].others
+        spare = recorder._SPARES[0]
+        monkeypatch.setenv("GPUWB_TRACE_OTHERS", "0")
+        fourth = gw.trace()  # the spare records other libraries' work; this trace must not
+        assert fourth is not spare and fourth.others is False
+    finally:
+        buf.free()
+
+
+def test_cupti_clocks_are_sampled_on_first_need_and_reach_clocks_made_before():
+    """A CUPTI trace samples CUPTI's clock at its first harvest (or read), not on its start: a device clock aligned
+    before that gets the offset then."""
+    from gpuworkbench.trace.recorder import DeviceClock, Trace
+
+    class FakeClock:
+        calls = 0
+
+        def clock_sample(self, host=time.perf_counter_ns):
+            FakeClock.calls += 1
+            now = host()
+            return now + 7_000_000, now, 150
+
+    t = Trace()
+    t._cupti = FakeClock()
+    t._devices[0] = DeviceClock(key="cuda:0", name="early", source="cupti")  # as ``_align`` leaves it
+    t._devices[1] = DeviceClock(key="cpu:0", name="cpu", source="perf_counter")
+    assert t._devices[0].offset_ns == 0 and FakeClock.calls == 0
+    clocks = t.devices
+    assert clocks[0].offset_ns == 7_000_000 and clocks[0].error_ns == 150 and clocks[1].offset_ns == 0
+    assert FakeClock.calls == 2  # once against the host clock, once against the window clock
+    t._sample_clocks()
+    t._devices[2] = DeviceClock(key="cuda:1", name="late", source="cupti")
+    assert FakeClock.calls == 2 and t.devices[2].offset_ns == 0  # once per trace: later clocks take it from _align

@@ -87,6 +87,12 @@ WATCH_UNTRACED = os.environ.get("GPUWB_CUPTI_WATCH", "1") != "0"
 #: Prime CUPTI as a source parks (``cupti_prime.py``): a 4-byte copy and memset per active device, so that the next
 #: op CUPTI records does not pay for the park's forced flush. ``GPUWB_CUPTI_PRIME=0`` turns it off.
 PRIME_AT_PARK = os.environ.get("GPUWB_CUPTI_PRIME", "1") != "0"
+#: Who turns a taken-over watch's callbacks off: "trace" (the taking trace's harvest thread as it begins,
+#: ``quiet_taken_over``: no other thread woken beside the first op; the start took 36–39 µs against 55 µs with
+#: "linger", H200 host, ``probes/trace_start_steps.py``), "linger" (the linger thread, woken by the take-over) or
+#: "start" (the thread starting the trace, before its first op). ``GPUWB_CUPTI_QUIET_BY`` sets it.
+QUIET_BY = os.environ.get("GPUWB_CUPTI_QUIET_BY", "trace")
+_QUIET_DUE = False
 #: True while a notebook cell runs (set by ``%load_ext gpuworkbench``'s IPython hooks): a let-go then re-initializes
 #: once the cell has run (``reattach_due``, read after it), not ``REATTACH_S`` later, when the cell may still be
 #: launching: a re-initialization stalls other threads' CUDA calls (4–9 ms once on an H200, ``probes/cupti_attach.py``).
@@ -226,6 +232,8 @@ _DIM_FIELDS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 _STATE_LOCK = threading.Lock()
 
 _ACTIVE: CuptiSource | None = None
+#: A source made ahead for the next trace (``make_spare_source``), off the path a cell times.
+_SPARE_SOURCES: list[CuptiSource] = []
 #: The source left running after its trace stopped (see ``LINGER_S``), and the number of its parking.
 _PARKED: CuptiSource | None = None
 _PARK_TOKEN = 0
@@ -671,9 +679,12 @@ class CuptiSource:
         self._read_names = True  # False once CUPTI's records turn out larger or smaller than the dtype says
         self._extras: dict[str, list[dict[str, np.ndarray]]] = {"api": [], "memory": [], "marker": []}
         self._k_memory = self._k_marker = -1
-        self._cutoff = 0  # CUPTI ns: records of work that ended before (taken over from a parked source) are dropped
+        #: CUPTI's raw timestamp (ticks where another tool's callback changed them: never converted, so that a
+        #: rate learned later cannot move records across it): records of work that ended before are dropped.
+        self._cutoff = 0
         self._api_names: dict[int, dict[int, str]] = {0: {}, 1: {}}
         self._tables_ready = False
+        self._started = False  # a started source is reset before it starts again; a new one needs no reset
         self._names: dict[int, str] = {0: ""}  # kernel name pointer -> name
         self._frozen = False
         #: Bumped by every ``start``: a trace stops or abandons only the session it started.
@@ -729,7 +740,9 @@ class CuptiSource:
                     "another CuptiSource is already active in this process (CUPTI activity callbacks are global); "
                     "stop it first"
                 )
-            self._reset()
+            if self._started:
+                self._reset()
+            self._started = True
             self._cupti = cupti
             try:
                 self._raw = _raw_cupti(cupti)
@@ -781,7 +794,7 @@ class CuptiSource:
             return False
         self._enabled, parked._enabled = parked._enabled, []
         self.api_filtered = parked.api_filtered
-        self._cutoff = int(_to_ns(int(cupti.get_timestamp())))
+        self._cutoff = int(cupti.get_timestamp())
         _ACTIVE = self
         return True
 
@@ -1170,11 +1183,12 @@ class CuptiSource:
             return None, ext, api
         names = ("row", *wanted, "runtime_correlation_id")
         cols = dict(zip(names, groups[0] if len(groups) == 1 else map(np.concatenate, zip(*groups))))
-        start, end = cols["start"], cols["end"] = _to_ns(cols["start"]), _to_ns(cols["end"])
+        raw_end = cols["end"]
+        start, end = cols["start"], cols["end"] = _to_ns(cols["start"]), _to_ns(raw_end)
         valid = (start > 0) & (end >= start)
         self.incomplete_records += start.size - int(np.count_nonzero(valid))
         if self._cutoff:
-            valid &= end >= self._cutoff
+            valid &= raw_end >= self._cutoff
         primed = PRIMER.streams
         if primed and full:  # the primer's copy and memset can end after a cutoff: never the user's work
             ids = cols["device_id"] << 32 | cols["stream_id"]
@@ -1188,7 +1202,7 @@ class CuptiSource:
         """The rows whose ``field`` (a CUPTI timestamp) is not before ``_cutoff``."""
         if not self._cutoff or not rows.size:
             return rows
-        return rows[_to_ns(column(rows, struct, field).astype(np.int64)) >= self._cutoff]
+        return rows[column(rows, struct, field).astype(np.int64) >= self._cutoff]
 
     def _name_pointers(self, rows: np.ndarray, column: Any) -> np.ndarray:
         """The name pointers of the kernel records at ``rows`` (0 where the layout is not trusted): strings are read
@@ -1341,21 +1355,38 @@ def _prime_parked(token: int) -> None:
 def _claim_parked(taking_over: bool = False) -> CuptiSource | None:
     """Take the parked source off the shelf (under ``_STATE_LOCK``): its linger deadline and its watch called off
     (a trace taking it over traces its own calls; once unparked, every call would go on paying for the callback).
-    ``taking_over`` (a trace's start): the watch's callbacks are turned off by the linger thread just after
-    (``_QUIET``), not on the starting thread; until then each returns at once."""
-    global _PARKED, _PARK_TOKEN
+    ``taking_over`` (a trace's start): the watch's callbacks are turned off just after, by the trace's harvest thread
+    (``quiet_taken_over``) or the linger thread (``_QUIET``) as ``QUIET_BY`` says, not on the starting thread; until
+    then each returns at once."""
+    global _PARKED, _PARK_TOKEN, _QUIET_DUE
     source = _PARKED
     if source is None:
         return None
     _PARKED, _PARK_TOKEN = None, _PARK_TOKEN + 1
-    if _DETACH is not None and taking_over:
+    if _DETACH is not None and taking_over and QUIET_BY != "start":
         _DETACH.disarm(keep_domain=True)
-        _LINGER.arm(0.0, _QUIET)
+        if QUIET_BY == "trace":
+            _QUIET_DUE = True
+            _LINGER.disarm()
+        else:
+            _LINGER.arm(0.0, _QUIET)
     else:
         _LINGER.disarm()
         if _DETACH is not None:
             _DETACH.disarm()
     return source
+
+
+def quiet_taken_over() -> None:
+    """Turn the callbacks of a watch that a trace's take-over stopped off (``QUIET_BY == "trace"``: its harvest thread
+    calls this as it begins), unless a watch or a finalize needs them again by then."""
+    global _QUIET_DUE
+    if not _QUIET_DUE:
+        return
+    with _STATE_LOCK:
+        _QUIET_DUE = False
+        if _DETACH is not None:
+            _DETACH.quiet()
 
 
 def _unpark() -> bool:
@@ -1673,6 +1704,34 @@ def other_client() -> str:
     if injected and "cupti" not in os.path.basename(injected).lower():
         return f"a CUDA tool is injected into this process (CUDA_INJECTION64_PATH={injected}: Nsight Systems?)"
     return ""
+
+
+def new_source() -> CuptiSource:
+    """A source for a trace to start: the one made ahead (``make_spare_source``) if any, else a new one."""
+    try:
+        spare = _SPARE_SOURCES.pop()
+    except IndexError:
+        return CuptiSource()
+    return spare if type(spare) is CuptiSource else CuptiSource()
+
+
+def make_spare_source() -> None:
+    """Make the next trace's source ahead, its tables set up: on a CPU that has idled between notebook cells, making
+    one took 10–30 µs of a trace's start (H200 host, ``benchmarks/probes/trace_start_steps.py``). Only once a source
+    has started in this process (its tables are kept); no CUDA or CUPTI call."""
+    if _SPARE_SOURCES or not _TABLES:
+        return
+    try:
+        from cupti import cupti
+
+        if id(cupti) not in _TABLES:
+            return
+        source = CuptiSource()
+        source._setup_tables(cupti)
+        source._tables_ready = True
+    except Exception:  # noqa: BLE001  (the next trace makes its own, and reports what fails)
+        return
+    _SPARE_SOURCES.append(source)
 
 
 def prepare() -> None:

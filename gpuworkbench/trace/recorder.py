@@ -277,6 +277,7 @@ class Trace:
         self._claimed: set[int] = set()  # trace device numbers a workbench Device has
         self._threads: dict[int, int] = {}  # CUPTI thread id (32 bits) -> host row index
         self._cupti_offset = self._cupti_error = 0
+        self._clocks_sampled = False
         self._taken = ""  # why CUPTI was handed to another client while this trace recorded
         self._cupti_session = -1
         self._held = {}  # device number -> bytes the workbench held at its last memory sample
@@ -312,12 +313,18 @@ class Trace:
         return self
 
     def stop(self) -> None:
-        """Stop recording new ops; spans of ops already enqueued keep arriving in the background."""
+        """Stop recording new ops; spans of ops already enqueued keep arriving in the background. The harvester is
+        not woken (that took ~25 µs of a cell's end on a cold CPU): it sees the stop at its next wake-up, or at once
+        when someone waits for the spans (``wait_pending``, ``table``) or the next trace waits for CUPTI."""
         with _ACTIVE_LOCK:
             if self in ACTIVE:
                 ACTIVE.remove(self)
         self.stopped_ns = time.perf_counter_ns()
+
+    def _wake(self) -> None:
+        """Have a stopped trace's harvester drain now rather than at its next wake-up."""
         self._stop.set()
+        self._hurry.set()
 
     def __enter__(self) -> Trace:
         return self.start()
@@ -368,7 +375,8 @@ class Trace:
                 else self._start_cupti()
             )
             if not blocked and self._cupti is not None and not self._taken:
-                clock.source, clock.offset_ns, clock.error_ns = "cupti", self._cupti_offset, self._cupti_error
+                clock.source = "cupti"  # its offset: ``_sample_clocks`` (now, if it has run)
+                clock.offset_ns, clock.error_ns = self._cupti_offset, self._cupti_error
                 return clock
             reason = reason or self._taken
             clock.note = (
@@ -404,10 +412,10 @@ class Trace:
         global _CUPTI_OWNER
         owner = _CUPTI_OWNER
         if owner is not None and owner is not self and not owner.recording and owner._thread is not None:
-            owner._hurry.set()  # its next pass now: a forced flush brings the records of ops already done
+            owner._wake()  # its next pass now: a forced flush brings the records of ops already done
             owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
         cupti_module.prepare()  # once per process: done at %load_ext, else here
-        source = cupti_module.CuptiSource()  # one per trace (it takes over a parked one's kinds: cupti.LINGER_S)
+        source = cupti_module.new_source()  # one per trace (it takes over a parked one's kinds: cupti.LINGER_S)
         _hook_torch_profiler()
         try:
             source.start()
@@ -417,9 +425,7 @@ class Trace:
         _CUPTI_OWNER = self
         self._cupti = source
         self._cupti_session = source.session
-        cupti_ns, host_ns, err = source.clock_sample()
-        self._cupti_offset, self._cupti_error = cupti_ns - host_ns, err
-        self._window_offset, self._window_drifts = self._sample_window_offset()
+        self._clocks_sampled = False  # on first need (``_sample_clocks``), not on the path before the first op
         if self.others:
             # Weak callbacks: a trace in a reference cycle is freed by the cyclic collector, late and on any thread.
             self._foreign = ForeignRecords(
@@ -494,6 +500,25 @@ class Trace:
             f"CUPTI taken over mid-trace: {reason}. From then on this trace times its own ops by CUDA events and "
             "sees no other library's work; its ops enqueued just before may be missing."
         )
+
+    def _sample_clocks(self) -> None:
+        """CUPTI's clock against the host's and the window clock, once per CUPTI source, when first needed: by the
+        first own op on a CUDA device or the first harvest. On the trace's start, on a CPU that idled between
+        notebook cells, they took ~12 µs before the first op (H200 host)."""
+        source = self._cupti
+        if self._clocks_sampled or source is None:
+            return
+        cupti_ns, host_ns, err = source.clock_sample()
+        window = self._sample_window_offset()
+        with self._lock:  # against ``_align``: every CUPTI clock made before gets the offset, every one after too
+            if self._clocks_sampled:
+                return
+            self._cupti_offset, self._cupti_error = cupti_ns - host_ns, err
+            self._window_offset, self._window_drifts = window
+            for clock in self._devices.values():
+                if clock.source == "cupti":
+                    clock.offset_ns, clock.error_ns = self._cupti_offset, self._cupti_error
+            self._clocks_sampled = True
 
     def _sample_window_offset(self) -> tuple[int, bool]:
         """CUPTI's clock minus the window clock, and False where they are one clock (the offset is then 0)."""
@@ -655,13 +680,16 @@ class Trace:
         self._version += 1
 
     def _harvest_loop(self) -> None:
+        if self._cupti is not None:
+            cupti_source.quiet_taken_over()
         stopping = False
         while True:
             if stopping:  # stopped, ops still running: drain at a gentle pace, never in a busy loop
                 self._hurry.wait(min(self.interval_s, _DRAIN_S))
                 self._hurry.clear()
             else:
-                stopping = self._stop.wait(self.interval_s)
+                self._stop.wait(self.interval_s)  # set only once stopped (``_wake``)
+                stopping = not self.recording
             cpu = time.thread_time()
             try:
                 if self._cupti is not None and not self._taken and self.recording:
@@ -679,6 +707,7 @@ class Trace:
             self.stats.harvest_cpu_s += time.thread_time() - cpu
             if stopping and not self._unfinished():
                 self._finish_cupti()
+                make_spares(cupti=self._cupti is not None)  # the next trace's objects, off its start
                 return
 
     def _defers(self) -> bool:
@@ -714,6 +743,7 @@ class Trace:
     def _harvest(self, flush: bool) -> int:
         self.stats.harvest_cycles += 1
         cycle = self.stats.harvest_cycles
+        self._sample_clocks()  # before the offsets are read
         offsets = {n: c.offset_ns for n, c in self._devices.items()}
         cupti_rows = None
         ops = self._cupti_ops
@@ -818,6 +848,8 @@ class Trace:
     def wait_pending(self, timeout_s: float = 30.0) -> bool:
         """Block until every recorded op has its span (the ops themselves must finish); False on timeout."""
         deadline = time.monotonic() + timeout_s
+        if not self.recording:
+            self._wake()
         while self._unfinished():
             self._read_at = time.monotonic()  # a recording trace's harvester decodes while someone waits
             if self._thread is None or not self._thread.is_alive():
@@ -863,6 +895,7 @@ class Trace:
 
     @property
     def devices(self) -> dict[int, DeviceClock]:
+        self._sample_clocks()
         return dict(self._devices)
 
     @property
@@ -958,3 +991,33 @@ class Trace:
 def active() -> list[Trace]:
     """The traces recording now."""
     return list(ACTIVE)
+
+
+#: Traces made ahead with the default arguments (``new_trace``), off the path a cell times: by the harvester of the
+#: trace before as it ends, and at ``%load_ext``. Making one on a CPU that has idled between notebook cells took
+#: ~0.1 ms of a trace's start (H200 host, ``benchmarks/probes/trace_start_steps.py``); 8 µs back to back.
+_SPARES: list[Trace] = []
+_DEFAULTS = (1_000_000, 0.05, "auto", None)
+
+
+def new_trace(
+    capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto", others: bool | None = None
+) -> Trace:
+    """A new, unstarted Trace: the one made ahead (``make_spares``) when the arguments are the defaults."""
+    if (capacity, interval_s, source, others) == _DEFAULTS:
+        try:
+            spare = _SPARES.pop()
+        except IndexError:
+            spare = None
+        if spare is not None and spare.others == (os.environ.get("GPUWB_TRACE_OTHERS", "1") != "0"):
+            spare.id = next(_IDS)
+            return spare
+    return Trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
+
+
+def make_spares(cupti: bool = True) -> None:
+    """Make the next trace ahead (``new_trace``) and, with ``cupti``, its CUPTI source (``cupti.make_spare_source``)."""
+    if not _SPARES:
+        _SPARES.append(Trace())
+    if cupti:
+        cupti_source.make_spare_source()
