@@ -50,7 +50,9 @@ class Unharmed:
         table = self.trace.table()
         kinds = [KINDS[k] for k in table["kind"]]
         assert sum(k not in ("alloc", "free") for k in kinds) == stats.ops  # every recorded op has its span
-        assert kinds.count("alloc") == kinds.count("free")  # and every allocation in it was freed
+        assert kinds.count("alloc") == kinds.count("free"), [  # and every allocation in it was freed
+            (k, n, s) for k, n, s in zip(kinds, table["name"], table["start_ns"]) if k in ("alloc", "free")
+        ] + [self.trace.started_ns, self.trace.stopped_ns]
         assert np.all(table["start_ns"] <= table["end_ns"])
         memory = self.trace.memory_table()
         if len(memory["held_bytes"]):

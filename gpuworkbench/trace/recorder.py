@@ -313,18 +313,12 @@ class Trace:
         return self
 
     def stop(self) -> None:
-        """Stop recording new ops; spans of ops already enqueued keep arriving in the background. The harvester is
-        not woken (that took ~25 µs of a cell's end on a cold CPU): it sees the stop at its next wake-up, or at once
-        when someone waits for the spans (``wait_pending``, ``table``) or the next trace waits for CUPTI."""
+        """Stop recording new ops; spans of ops already enqueued keep arriving in the background."""
         with _ACTIVE_LOCK:
             if self in ACTIVE:
                 ACTIVE.remove(self)
         self.stopped_ns = time.perf_counter_ns()
-
-    def _wake(self) -> None:
-        """Have a stopped trace's harvester drain now rather than at its next wake-up."""
         self._stop.set()
-        self._hurry.set()
 
     def __enter__(self) -> Trace:
         return self.start()
@@ -412,7 +406,7 @@ class Trace:
         global _CUPTI_OWNER
         owner = _CUPTI_OWNER
         if owner is not None and owner is not self and not owner.recording and owner._thread is not None:
-            owner._wake()  # its next pass now: a forced flush brings the records of ops already done
+            owner._hurry.set()  # its next pass now: a forced flush brings the records of ops already done
             owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
         cupti_module.prepare()  # once per process: done at %load_ext, else here
         source = cupti_module.new_source()  # one per trace (it takes over a parked one's kinds: cupti.LINGER_S)
@@ -688,8 +682,7 @@ class Trace:
                 self._hurry.wait(min(self.interval_s, _DRAIN_S))
                 self._hurry.clear()
             else:
-                self._stop.wait(self.interval_s)  # set only once stopped (``_wake``)
-                stopping = not self.recording
+                stopping = self._stop.wait(self.interval_s)
             cpu = time.thread_time()
             try:
                 if self._cupti is not None and not self._taken and self.recording:
@@ -848,8 +841,6 @@ class Trace:
     def wait_pending(self, timeout_s: float = 30.0) -> bool:
         """Block until every recorded op has its span (the ops themselves must finish); False on timeout."""
         deadline = time.monotonic() + timeout_s
-        if not self.recording:
-            self._wake()
         while self._unfinished():
             self._read_at = time.monotonic()  # a recording trace's harvester decodes while someone waits
             if self._thread is None or not self._thread.is_alive():
