@@ -104,7 +104,7 @@ def _prepare_tracing() -> None:
 
     cupti.prepare()  # CUPTI's one-time setup (~75 ms of the first trace otherwise)
     THREADS.warm()  # a harvest thread waiting (starting one took 0.3-0.4 ms of a trace's start)
-    make_spares(cupti=cupti.lingering())  # the first trace's objects (made on its start: ~0.1 ms on a cold CPU)
+    make_spares()  # the first trace's object (made on its start: ~0.1 ms on a cold CPU)
 
 
 __all__ = [

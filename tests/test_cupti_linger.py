@@ -475,35 +475,17 @@ def test_a_watch_firing_as_a_trace_takes_over_leaves_no_callback_on(fake_cupti, 
     again.stop()
 
 
-def test_a_source_made_ahead_takes_a_parked_source_over_and_starts_again_reset(fake_cupti, monkeypatch):
-    """``make_spare_source`` makes the next trace's source once a source has started (its tables kept): no CUDA or
-    CUPTI call; ``new_source`` hands it out once. A source started before is reset when it starts again."""
-    monkeypatch.setattr(cupti_mod, "_SPARE_SOURCES", [])
-    monkeypatch.setattr(cupti_mod, "_TABLES", {})
-    cupti_mod.make_spare_source()
-    assert cupti_mod._SPARE_SOURCES == []  # no source has made its tables yet
-    fake = sys.modules["cupti"].cupti
-    monkeypatch.setitem(cupti_mod._TABLES, id(fake), (fake, {"_k_memcpy": 1}))
-    first = source()
-    first.start()
-    first.stop()
-    calls = list(fake_cupti.raw.lib.calls)
-    cupti_mod.make_spare_source()
-    cupti_mod.make_spare_source()  # one is enough
-    assert len(cupti_mod._SPARE_SOURCES) == 1 and fake_cupti.raw.lib.calls == calls
-    spare = cupti_mod._SPARE_SOURCES[0]
-    assert spare._tables_ready and spare._k_memcpy == 1 and not spare.running
-    second = cupti_mod.new_source()
-    assert second is spare and cupti_mod._SPARE_SOURCES == [] and cupti_mod.new_source() is not spare
-    fake_cupti.log.clear()
-    second.start()
-    assert fake_cupti.log == [] and cupti_mod._ACTIVE is second and second._cutoff == 5_000  # took the parked over
-    second.stop()
-    second._extras["api"].append("left from its last run")
-    joiner = second._joiner
-    second.start()  # again: reset, so nothing of its last run is carried into this one
-    assert second._extras["api"] == [] and second._joiner is not joiner
-    second.stop()
+def test_a_source_started_again_is_reset_first(fake_cupti):
+    """A new source starts as it is; one started before is reset when it starts again, so that nothing of its last
+    run is carried into this one."""
+    s = source()
+    s.start()
+    s.stop()
+    s._extras["api"].append("left from its last run")
+    joiner = s._joiner
+    s.start()
+    assert s._extras["api"] == [] and s._joiner is not joiner and cupti_mod._ACTIVE is s
+    s.stop()
 
 
 def test_a_take_over_leaves_the_callbacks_to_the_trace_harvest_thread_when_quiet_by_trace(fake_cupti, monkeypatch):

@@ -232,8 +232,6 @@ _DIM_FIELDS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 _STATE_LOCK = threading.Lock()
 
 _ACTIVE: CuptiSource | None = None
-#: A source made ahead for the next trace (``make_spare_source``), off the path a cell times.
-_SPARE_SOURCES: list[CuptiSource] = []
 #: The source left running after its trace stopped (see ``LINGER_S``), and the number of its parking.
 _PARKED: CuptiSource | None = None
 _PARK_TOKEN = 0
@@ -1704,34 +1702,6 @@ def other_client() -> str:
     if injected and "cupti" not in os.path.basename(injected).lower():
         return f"a CUDA tool is injected into this process (CUDA_INJECTION64_PATH={injected}: Nsight Systems?)"
     return ""
-
-
-def new_source() -> CuptiSource:
-    """A source for a trace to start: the one made ahead (``make_spare_source``) if any, else a new one."""
-    try:
-        spare = _SPARE_SOURCES.pop()
-    except IndexError:
-        return CuptiSource()
-    return spare if type(spare) is CuptiSource else CuptiSource()
-
-
-def make_spare_source() -> None:
-    """Make the next trace's source ahead, its tables set up: on a CPU that has idled between notebook cells, making
-    one took 10–30 µs of a trace's start (H200 host, ``benchmarks/probes/trace_start_steps.py``). Only once a source
-    has started in this process (its tables are kept); no CUDA or CUPTI call."""
-    if _SPARE_SOURCES or not _TABLES:
-        return
-    try:
-        from cupti import cupti
-
-        if id(cupti) not in _TABLES:
-            return
-        source = CuptiSource()
-        source._setup_tables(cupti)
-        source._tables_ready = True
-    except Exception:  # noqa: BLE001  (the next trace makes its own, and reports what fails)
-        return
-    _SPARE_SOURCES.append(source)
 
 
 def prepare() -> None:

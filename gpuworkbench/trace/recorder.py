@@ -409,7 +409,7 @@ class Trace:
             owner._hurry.set()  # its next pass now: a forced flush brings the records of ops already done
             owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
         cupti_module.prepare()  # once per process: done at %load_ext, else here
-        source = cupti_module.new_source()  # one per trace (it takes over a parked one's kinds: cupti.LINGER_S)
+        source = cupti_module.CuptiSource()  # one per trace (it takes over a parked one's kinds: cupti.LINGER_S)
         _hook_torch_profiler()
         try:
             source.start()
@@ -700,7 +700,7 @@ class Trace:
             self.stats.harvest_cpu_s += time.thread_time() - cpu
             if stopping and not self._unfinished():
                 self._finish_cupti()
-                make_spares(cupti=self._cupti is not None)  # the next trace's objects, off its start
+                make_spares()  # the next trace's object, off its start
                 return
 
     def _defers(self) -> bool:
@@ -1006,9 +1006,7 @@ def new_trace(
     return Trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
 
 
-def make_spares(cupti: bool = True) -> None:
-    """Make the next trace ahead (``new_trace``) and, with ``cupti``, its CUPTI source (``cupti.make_spare_source``)."""
+def make_spares() -> None:
+    """Make the next trace ahead (``new_trace``)."""
     if not _SPARES:
         _SPARES.append(Trace())
-    if cupti:
-        cupti_source.make_spare_source()
