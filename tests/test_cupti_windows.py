@@ -322,3 +322,16 @@ def test_a_take_over_cutoff_is_kept_in_cuptis_own_timestamps_so_a_later_rate_can
     out = src.flush_columns(eager=True, full=True)
     assert out["correlation_id"].tolist() == [2]  # ended before the cutoff: dropped, whatever the rate
     assert out["end"].tolist() == [500_500]  # and the span is in ns
+
+
+def test_a_cupti_traces_harvester_turns_a_take_overs_watch_off_as_it_begins_and_at_every_wake(monkeypatch):
+    """A source taken over on a trace's start has its watch's callbacks turned off as the harvest loop begins; one
+    taken over later (the trace's first CUDA op started CUPTI) at the loop's next wake."""
+    calls = []
+    monkeypatch.setattr(cupti_mod, "quiet_taken_over", lambda: calls.append(time.monotonic()))
+    t = offline_trace()  # interval 5 ms
+    try:
+        assert wait_for(lambda: len(calls) >= 3)
+    finally:
+        t.stop()
+    assert t.wait_pending(5)

@@ -674,10 +674,10 @@ class Trace:
         self._version += 1
 
     def _harvest_loop(self) -> None:
-        if self._cupti is not None:
-            cupti_source.quiet_taken_over()
         stopping = False
         while True:
+            if self._cupti is not None:  # a take-over's watch callbacks (QUIET_BY "trace"): off as the loop begins,
+                cupti_source.quiet_taken_over()  # or at its next wake where CUPTI started later (a first CUDA op)
             if stopping:  # stopped, ops still running: drain at a gentle pace, never in a busy loop
                 self._hurry.wait(min(self.interval_s, _DRAIN_S))
                 self._hurry.clear()
