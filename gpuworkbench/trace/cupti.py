@@ -87,10 +87,10 @@ WATCH_UNTRACED = os.environ.get("GPUWB_CUPTI_WATCH", "1") != "0"
 #: Prime CUPTI as a source parks (``cupti_prime.py``): a 4-byte copy and memset per active device, so that the next
 #: op CUPTI records does not pay for the park's forced flush. ``GPUWB_CUPTI_PRIME=0`` turns it off.
 PRIME_AT_PARK = os.environ.get("GPUWB_CUPTI_PRIME", "1") != "0"
-#: Who turns a taken-over watch's callbacks off: "trace" (the taking trace's harvest thread as it begins,
-#: ``quiet_taken_over``: no other thread woken beside the first op; the start took 36–39 µs against 55 µs with
-#: "linger", H200 host, ``probes/trace_start_steps.py``), "linger" (the linger thread, woken by the take-over) or
-#: "start" (the thread starting the trace, before its first op). ``GPUWB_CUPTI_QUIET_BY`` sets it.
+#: Who turns a taken-over watch's callbacks off: "trace" (the taking trace's harvest thread, as it begins and at each
+#: wake, ``quiet_taken_over``: no other thread woken beside the first op; ``CuptiSource.start`` took 36–45 µs against
+#: 51–60 µs with "linger", H200 host, ``probes/trace_start_steps.py``), "linger" (the linger thread, woken by the
+#: take-over) or "start" (the thread starting the trace, before its first op). ``GPUWB_CUPTI_QUIET_BY`` sets it.
 QUIET_BY = os.environ.get("GPUWB_CUPTI_QUIET_BY", "trace")
 _QUIET_DUE = False
 #: True while a notebook cell runs (set by ``%load_ext gpuworkbench``'s IPython hooks): a let-go then re-initializes
@@ -1376,8 +1376,8 @@ def _claim_parked(taking_over: bool = False) -> CuptiSource | None:
 
 
 def quiet_taken_over() -> None:
-    """Turn the callbacks of a watch that a trace's take-over stopped off (``QUIET_BY == "trace"``: its harvest thread
-    calls this as it begins), unless a watch or a finalize needs them again by then."""
+    """Turn the callbacks of a watch that a trace's take-over stopped off (``QUIET_BY == "trace"``: the trace's
+    harvest thread calls this at each wake), unless a watch or a finalize needs them again by then."""
     global _QUIET_DUE
     if not _QUIET_DUE:
         return

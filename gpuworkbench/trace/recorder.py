@@ -369,7 +369,7 @@ class Trace:
                 else self._start_cupti()
             )
             if not blocked and self._cupti is not None and not self._taken:
-                clock.source = "cupti"  # its offset: ``_sample_clocks`` (now, if it has run)
+                clock.source = "cupti"  # its offset: ``_sample_clocks`` (taken already, or fills it in then)
                 clock.offset_ns, clock.error_ns = self._cupti_offset, self._cupti_error
                 return clock
             reason = reason or self._taken
@@ -496,9 +496,9 @@ class Trace:
         )
 
     def _sample_clocks(self) -> None:
-        """CUPTI's clock against the host's and the window clock, once per CUPTI source, when first needed: by the
-        first own op on a CUDA device or the first harvest. On the trace's start, on a CPU that idled between
-        notebook cells, they took ~12 µs before the first op (H200 host)."""
+        """CUPTI's clock against the host's and the window clock, once per CUPTI source, when first needed: at the
+        first harvest or a read of ``devices`` (a CUDA device's clock made before then gets the offset here). On the
+        trace's start, on a CPU that idled between notebook cells, they took ~12 µs before the first op (H200 host)."""
         source = self._cupti
         if self._clocks_sampled or source is None:
             return
