@@ -62,7 +62,7 @@ class FakeCuda:
         return self._status("cuStreamDestroy")
 
     def cuMemAlloc_v2(self, pointer, size):
-        pointer._obj.value = 0x3000
+        pointer._obj.value = 0x3000 + 0x100 * (self.context_id - 1)  # a new context: another address
         return self._status("cuMemAlloc")
 
     def cuMemcpyHtoDAsync_v2(self, dst, src, size, stream):
@@ -111,6 +111,8 @@ def test_a_new_primary_context_gets_a_new_stream_and_allocation():
         cuda.context_id = 2  # the device was reset: the old stream and bytes went with the old context
         assert p.prime(FakeCupti()) == 1
     assert cuda.calls.count("cuStreamCreate") == 2 and cuda.calls.count("cuMemAlloc") == 2
+    # the old address went with its context: another library's allocation there is not taken for the primer's
+    assert p.addresses == frozenset({(0, 0x3100)})
 
 
 def test_a_device_whose_stream_cupti_cannot_name_is_not_primed():

@@ -152,10 +152,12 @@ class Primer:
                 _check(lib.cuCtxGetId(context, ctypes.byref(context_id)), "cuCtxGetId")
                 dev = self._devices.get(ordinal)
                 if dev is None or dev.context_id != context_id.value:  # first use, or the context was made anew
+                    gone = {(ordinal, dev.pointer.value)} if dev is not None else set()  # went with its context
                     dev = self._devices[ordinal] = dev or _Device()
                     dev.context_id = None
                     dev.make(lib, context_id.value)
-                    self.addresses = self.addresses | {(ordinal, dev.pointer.value)}
+                    # the old address is forgotten: another library's allocation may be given it in the new context
+                    self.addresses = (self.addresses - gone) | {(ordinal, dev.pointer.value)}
                 sid = ctypes.c_uint32()
                 if get_id(context, dev.stream, 0, ctypes.byref(sid)):
                     return None
