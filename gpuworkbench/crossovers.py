@@ -5,7 +5,8 @@ Timing: every case runs once to warm up (compiles, first touches), then ``repeat
 device with copies interleaved, each timed with ``time.perf_counter_ns`` around the call and the wait for its work
 (``stream.synchronize()``; a NumPy-in, NumPy-out call blocks on its own); the median counts. Sizes run smallest first
 and stop before a size that would not fit half the device's free memory or the time budget (predicted from the last
-size by the op's work: n³ for matmul, the element count otherwise).
+size's steady cost, its medians without one-off costs such as a first compile, by the op's work: n³ for matmul, the
+element count otherwise).
 
 Results are cached per device (backend and name) and library version in ``crossover.json`` in the user's cache
 directory (``GPUWB_CACHE_DIR``, else platformdirs' user cache directory, else ``~/.cache/gpuworkbench``); a cached op
@@ -756,7 +757,11 @@ def crossover(
                 t0 = time.perf_counter()
                 row, warning = _measure(spec, size, dev, stream, repeats, rng)
                 took = time.perf_counter() - t0
-                spent, last = spent + took, (size, took)
+                # The next size is predicted from this one's steady cost (its medians, once per round and for the
+                # warm-up), not its wall time: that includes one-off costs (a kernel's first compile took seconds
+                # on PoCL with 2 cores, and a 8x larger prediction of it skipped the next tiny size).
+                steady = (repeats + 1) * (row["numpy_s"] + row["device_s"] + row["device_with_copies_s"])
+                spent, last = spent + took, (size, min(took, steady))
                 rows.append(row)
                 if warning:
                     result.warnings.append(warning)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -143,6 +144,22 @@ def test_time_budget_skips_the_larger_sizes(cpu):
     assert [(s, why.startswith("time budget")) for _, s, why in result.skipped] == [(16, True), (1024, True)]
     assert "skipped matmul n = 1024: time budget" in str(result)
     assert result.crossover["matmul"] == Crossing(None, None)
+
+
+def test_a_one_off_cost_of_the_first_size_does_not_skip_the_next(cpu, monkeypatch):
+    """A size's one-off costs (a kernel's first compile: seconds on PoCL with 2 cores) are not scaled up into the next
+    size's prediction: that comes from the steady medians."""
+    measure, calls = crossovers._measure, []
+
+    def slow_first(*args):
+        if not calls:
+            time.sleep(0.3)  # as a first compile would
+        calls.append(args[1])
+        return measure(*args)
+
+    monkeypatch.setattr(crossovers, "_measure", slow_first)
+    result = gw.crossover("matmul", device=cpu, sizes=[8, 16], repeats=2, budget_s=1.0)
+    assert [r["size"] for r in result.rows] == [8, 16] and result.skipped == []  # 0.3 s x 8 would pass 1 s
 
 
 def test_device_memory_caps_the_sizes(cpu, monkeypatch):
