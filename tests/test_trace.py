@@ -399,3 +399,17 @@ def test_cupti_clocks_are_sampled_on_first_need_and_reach_clocks_made_before():
     t._sample_clocks()
     t._devices[2] = DeviceClock(key="cuda:1", name="late", source="cupti")
     assert FakeClock.calls == 2 and t.devices[2].offset_ns == 0  # once per trace: later clocks take it from _align
+
+
+def test_a_trace_made_ahead_serves_explicit_arguments_equal_to_its_own(monkeypatch):
+    """The trace made ahead is matched by what it was made with, not by whether the caller left the defaults: an
+    explicit ``others=True`` gets it; a spare that no call with the defaults could get any more is dropped."""
+    from gpuworkbench.trace import recorder
+
+    monkeypatch.setattr(recorder, "_SPARES", [])
+    recorder.make_spares()
+    spare = recorder._SPARES[0]
+    assert gw.trace(others=True, capacity=1_000_000) is spare and recorder._SPARES == []
+    recorder.make_spares()
+    monkeypatch.setenv("GPUWB_TRACE_OTHERS", "0")
+    assert gw.trace().others is False and recorder._SPARES == []  # it recorded others: never a default trace now

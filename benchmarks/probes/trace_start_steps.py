@@ -5,10 +5,11 @@ CUDA GPU, CuPy and cupti-python).
 
 Per round, in alternating order: one 16 x 64 MiB pipeline run untraced (CUPTI let go first: the baseline), and one
 inside a fresh ``gw.trace()`` that takes over the source two traced cells left lingering, per ``--quiet-by`` value
-(``cupti.QUIET_BY``: who turns the taken-over watch's callbacks off); 0.2 s before each. Each
-step of the traced start is timed by a wrapper (which adds its own ~1 µs warm), and so is the run's first op (its
-first H2D's ``copy_from_host_async``); the harvest loop's first wake and the linger thread's ``_QUIET`` call are
-placed against the trace's start. Prints per step the median µs over rounds.
+(``cupti.QUIET_BY``: who turns the taken-over watch's callbacks off); 0.2 s before each. Each step of the traced
+start is timed by a wrapper (which adds its own ~1 µs warm), and so is the run's first op (its first H2D's
+``copy_from_host_async``); only steps done inside the timed run count (not the harvester's after it, such as making
+the next trace ahead). The harvest loop's first wake and the linger thread's ``_QUIET`` call are placed against the
+trace's start. Prints per step the median µs over rounds.
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ def _wrap(owner: object, name: str, label: str, first_only: bool = True) -> None
             return original(*args, **kwargs)
         finally:
             t1 = time.perf_counter_ns()
-            if not first_only or label not in STEPS:
-                STEPS[label] = STEPS.get(label, 0) + (t1 - t0) if not first_only else t1 - t0
+            if first_only:
+                STEPS.setdefault(label, t1 - t0)
+            else:
+                STEPS[label] = STEPS.get(label, 0) + t1 - t0
             MARKS.setdefault(f"{label} out", t1)
 
     setattr(owner, name, wrapper)
@@ -96,12 +99,13 @@ def main() -> None:
             MARKS.clear()
             t0 = time.perf_counter_ns()
             ms, t = timed_run(gw, pipe, inputs, outputs, mode != "untraced")
+            steps, marks = dict(STEPS), dict(MARKS)  # what ran inside the run, not the harvester's work after it
             runs[mode].append(ms)
             if t is not None:
                 t.wait_pending()
-            for label, ns in STEPS.items():
+            for label, ns in steps.items():
                 per.setdefault(f"{mode}: {label}", []).append(ns / 1e3)
-            for label, at in MARKS.items():
+            for label, at in marks.items():
                 if label.endswith(" in") and label[:-3] in ("harvest loop runs", "linger thread's call", "first H2D"):
                     per.setdefault(f"{mode}: {label[:-3]} starts at", []).append((at - t0) / 1e3)
     for label in sorted(per):

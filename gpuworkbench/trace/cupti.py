@@ -89,8 +89,8 @@ WATCH_UNTRACED = os.environ.get("GPUWB_CUPTI_WATCH", "1") != "0"
 PRIME_AT_PARK = os.environ.get("GPUWB_CUPTI_PRIME", "1") != "0"
 #: Who turns a taken-over watch's callbacks off: "trace" (the taking trace's harvest thread, as it begins and at each
 #: wake, ``quiet_taken_over``: no other thread woken beside the first op; ``CuptiSource.start`` took 36–45 µs against
-#: 51–60 µs with "linger", H200 host, ``probes/trace_start_steps.py``), "linger" (the linger thread, woken by the
-#: take-over) or "start" (the thread starting the trace, before its first op). ``GPUWB_CUPTI_QUIET_BY`` sets it.
+#: 51–60 µs with "linger", H200 host, ``probes/trace_start_steps.py``) or "linger" (the linger thread, woken by the
+#: take-over: for sources started without a trace's harvest thread). ``GPUWB_CUPTI_QUIET_BY`` sets it.
 QUIET_BY = os.environ.get("GPUWB_CUPTI_QUIET_BY", "trace")
 _QUIET_DUE = False
 #: True while a notebook cell runs (set by ``%load_ext gpuworkbench``'s IPython hooks): a let-go then re-initializes
@@ -1361,7 +1361,7 @@ def _claim_parked(taking_over: bool = False) -> CuptiSource | None:
     if source is None:
         return None
     _PARKED, _PARK_TOKEN = None, _PARK_TOKEN + 1
-    if _DETACH is not None and taking_over and QUIET_BY != "start":
+    if _DETACH is not None and taking_over:
         _DETACH.disarm(keep_domain=True)
         if QUIET_BY == "trace":
             _QUIET_DUE = True

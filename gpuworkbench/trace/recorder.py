@@ -242,7 +242,7 @@ class Trace:
         self.capacity, self.interval_s, self.source = capacity, interval_s, source
         #: Whether other libraries' CUDA work (CuPy, PyTorch ...) is captured too (CUPTI from the trace's start):
         #: on unless ``others=False`` or ``GPUWB_TRACE_OTHERS=0``.
-        self.others = others if others is not None else os.environ.get("GPUWB_TRACE_OTHERS", "1") != "0"
+        self.others = _others(others)
         self._spans = _Columns(COLUMNS, capacity)
         self._memory = _Columns(MEMORY_COLUMNS, capacity)
         self._pending: deque[tuple] = deque()  # ops timed by events, not yet looked at (layout above)
@@ -984,25 +984,35 @@ def active() -> list[Trace]:
     return list(ACTIVE)
 
 
-#: Traces made ahead with the default arguments (``new_trace``), off the path a cell times: by the harvester of the
+def _others(others: bool | None) -> bool:
+    """Whether a trace records other libraries' CUDA work: ``others``, or unless ``GPUWB_TRACE_OTHERS=0``."""
+    return others if others is not None else os.environ.get("GPUWB_TRACE_OTHERS", "1") != "0"
+
+
+#: A trace made ahead with the default arguments (``new_trace``), off the path a cell times: by the harvester of the
 #: trace before as it ends, and at ``%load_ext``. Making one on a CPU that has idled between notebook cells took
 #: ~0.1 ms of a trace's start (H200 host, ``benchmarks/probes/trace_start_steps.py``); 8 µs back to back.
 _SPARES: list[Trace] = []
-_DEFAULTS = (1_000_000, 0.05, "auto", None)
 
 
 def new_trace(
     capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto", others: bool | None = None
 ) -> Trace:
-    """A new, unstarted Trace: the one made ahead (``make_spares``) when the arguments are the defaults."""
-    if (capacity, interval_s, source, others) == _DEFAULTS:
-        try:
-            spare = _SPARES.pop()
-        except IndexError:
-            spare = None
-        if spare is not None and spare.others == (os.environ.get("GPUWB_TRACE_OTHERS", "1") != "0"):
-            spare.id = next(_IDS)
-            return spare
+    """A new, unstarted Trace: the one made ahead (``make_spares``) where it was made with these arguments."""
+    try:
+        spare = _SPARES.pop()
+    except IndexError:
+        spare = None
+    if spare is not None and (spare.capacity, spare.interval_s, spare.source, spare.others) == (
+        capacity,
+        interval_s,
+        source,
+        _others(others),
+    ):
+        spare.id = next(_IDS)
+        return spare
+    if spare is not None and spare.others == _others(None) and not _SPARES:
+        _SPARES.append(spare)  # still what a call with the defaults gets: kept for the next one
     return Trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
 
 
