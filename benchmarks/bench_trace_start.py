@@ -118,7 +118,7 @@ def main() -> None:
     _timed(recorder.Trace, "__init__", "Trace()")
     _timed(recorder.Trace, "start", "Trace.start")
     _timed(recorder.Trace, "_start_cupti", "Trace._start_cupti")
-    _timed(recorder.Trace, "_sample_window_offset", "Trace._sample_window_offset")
+    _timed(recorder.WindowClock, "sample", "WindowClock.sample")
     _timed(recorder.HARVEST_THREADS, "run", "HarvestThreads.run")
     _timed(recorder.Trace, "stop", "Trace.stop")
     _timed(cupti_source.CuptiSource, "start", "CuptiSource.start")

@@ -204,28 +204,68 @@ def test_records_of_the_primers_streams_are_never_a_traces(monkeypatch):
 
 
 class FakeClock:
-    """A CUPTI source whose clock reads ``offset`` ns ahead of the window clock (``time.time_ns``)."""
+    """A CUPTI source whose raw clock reads ``rate`` ticks per ns of the window clock (``time.time_ns``), from ``base``
+    ticks at window time ``t0``; ``line`` maps ticks to ns as ``cupti.to_ns`` does (identity until set)."""
 
-    def __init__(self, offset: int) -> None:
-        self.offset = offset
+    def __init__(self, base: int, rate: float = 1.0, t0: int | None = None) -> None:
+        self.base, self.rate = base, rate
+        self.t0 = time.time_ns() if t0 is None else t0
+        self.line = None  # (reference ticks, ticks per ns)
+        self.now = None  # the window time the next sample reads (None: the real one)
 
-    def clock_sample(self, host):
-        now = host()
-        return now + self.offset, now, 150
+    def clock_sample(self, host, raw=False):
+        now = host() if self.now is None else self.now
+        ticks = self.base + round((now - self.t0) * self.rate)
+        return (ticks if raw else int(self.to_ns(ticks))), now, 150
+
+    def to_ns(self, ticks):
+        if self.line is None:
+            return ticks
+        ref, rate = self.line
+        return ref + np.round((np.asarray(ticks) - ref) / rate).astype(np.int64)
 
 
 def test_windows_use_cuptis_clock_as_is_when_it_is_the_window_clock_else_a_sampled_offset():
     from gpuworkbench.trace.recorder import Trace
 
+    now = time.time_ns()
     t = Trace()
-    t._cupti = FakeClock(40)  # CUPTI reads CLOCK_REALTIME: the same clock, within the sample's error
-    assert t._sample_window_offset() == (0, False)
-    t._cupti = FakeClock(5_000_000)  # another clock: mapped by an offset sampled at each harvest
-    assert t._sample_window_offset() == (5_000_000, True)
-    t._window_offset = 5_000_000
+    t._cupti = FakeClock(now + 40, t0=now)  # CUPTI reads CLOCK_REALTIME: the same clock, within the sample's error
+    t._cupti.now = now
+    t._window.sample(t._cupti)
+    assert not t._window.drifts and t._window.offsets(t._cupti) == 0
+    t = Trace()
+    t._cupti = FakeClock(now + 5_000_000, t0=now)  # another clock: mapped by offsets sampled at each harvest
+    t._cupti.now = now
+    t._window.sample(t._cupti)
+    assert t._window.drifts and t._window.offsets(t._cupti) == 5_000_000
     launch(t._cupti_ops, 1, 1_000, 2_000)
     t._cupti_ops.take_rows(1)
     assert t._resolve(np.array([MAIN & LOW]), np.array([5_001_500])).tolist() == [1]
+
+
+def test_calls_are_placed_through_the_line_their_records_went_through_not_the_one_the_offset_was_sampled_with():
+    """After torch.profiler CUPTI's clock is ticks, mapped to ns by a line learned at the flushes. A sample taken while
+    the rate was not known yet (read as ns) put an H100's d2h call in its neighbour's window: the op was lost."""
+    from gpuworkbench.trace.recorder import Trace
+
+    t0 = 1_800_000_000_000_000_000
+    clock = FakeClock(base=500_000_000_000, rate=2.1, t0=t0)
+    t = Trace()
+    t._cupti = clock
+    clock.now = t0
+    t._window.sample(clock)  # rate unknown: ticks read as ns
+    clock.now = t0 + 200_000
+    t._window.sample(clock)
+    for op, at in enumerate(range(t0 + 20_000, t0 + 180_000, 40_000), 1):  # 4 ops, 10 µs windows, 40 µs apart
+        launch(t._cupti_ops, op, at, at + 10_000)
+    t._cupti_ops.take_rows(1)
+    clock.line = (clock.base, 2.1)  # the flush learned the rate: calls are read through this line
+    calls = np.array([clock.base + round((at + 5_000 - t0) * 2.1) for at in range(t0 + 20_000, t0 + 180_000, 40_000)])
+    placed = t._resolve(np.full(4, MAIN & LOW), clock.to_ns(calls))
+    assert placed.tolist() == [1, 2, 3, 4]
+    clock.line = (clock.base, 2.1 * (1 + 1e-3))  # a rate 0.1 % off: offsets interpolated between the samples hold
+    assert t._resolve(np.full(4, MAIN & LOW), clock.to_ns(calls)).tolist() == [1, 2, 3, 4]
 
 
 # -- a recording trace that nobody reads leaves CUPTI's records undecoded ---------------------------------------------

@@ -383,10 +383,13 @@ def test_cupti_clocks_are_sampled_on_first_need_and_reach_clocks_made_before():
     class FakeClock:
         calls = 0
 
-        def clock_sample(self, host=time.perf_counter_ns):
+        def clock_sample(self, host=time.perf_counter_ns, raw=False):
             FakeClock.calls += 1
             now = host()
             return now + 7_000_000, now, 150
+
+        def to_ns(self, ticks):
+            return ticks
 
     t = Trace()
     t._cupti = FakeClock()

@@ -613,6 +613,11 @@ _TICK_REF: tuple[int, int] | None = None  # (CUPTI timestamp, perf_counter_ns) o
 _TICKS_PER_NS = 1.0
 
 
+def timestamps_are_ticks() -> bool:
+    """Whether CUPTI's timestamps may be another tool's ticks (``timestamps_may_change`` was called)."""
+    return _TICKS
+
+
 def timestamps_may_change() -> None:
     """Called before another tool (torch.profiler) takes CUPTI: its timestamp callback may outlive its session."""
     global _TICKS, _TICK_REF, _TICKS_PER_NS
@@ -923,8 +928,14 @@ class CuptiSource:
             return []
         return _span_dicts(cols | {"name": self.names_of(cols["name"])})
 
-    def clock_sample(self, host: Callable[[], int] = time.perf_counter_ns) -> tuple[int, int, int]:
-        """(cupti_ns, host_ns, error_ns): a CUPTI timestamp bracketed by two reads of ``host`` (best of 3)."""
+    @staticmethod
+    def to_ns(ticks: Any) -> Any:
+        """CUPTI timestamps (an int or an int64 array) in ns, on the line the records of the latest flush went through."""
+        return _to_ns(ticks)
+
+    def clock_sample(self, host: Callable[[], int] = time.perf_counter_ns, raw: bool = False) -> tuple[int, int, int]:
+        """(cupti_ns, host_ns, error_ns): a CUPTI timestamp bracketed by two reads of ``host`` (best of 3); ``raw``:
+        CUPTI's own timestamp, not mapped to ns (``to_ns`` maps it later, on a line learned by then)."""
         if self._cupti is None:
             try:
                 from cupti import cupti
@@ -943,7 +954,8 @@ class CuptiSource:
         if _TICKS:
             if host is time.perf_counter_ns:
                 _calibrate(best[0], best[1])
-            best = (int(_to_ns(best[0])), best[1], best[2])
+            if not raw:
+                best = (int(_to_ns(best[0])), best[1], best[2])
         return best
 
     # -- internals ---------------------------------------------------------------------------------------------

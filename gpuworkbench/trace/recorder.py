@@ -28,6 +28,7 @@ import numpy as np
 from . import cupti as cupti_source
 from .cupti_foreign import ForeignRecords
 from .cupti_ops import ROW, CuptiOps
+from .cupti_window import WindowClock
 from .harvest_threads import THREADS as HARVEST_THREADS
 from .harvest_threads import Run
 from .spans import (
@@ -248,9 +249,8 @@ class Trace:
         self._pending: deque[tuple] = deque()  # ops timed by events, not yet looked at (layout above)
         self._waiting: list[tuple] = []  # ... and those looked at, not done yet
         self._cupti_ops = CuptiOps()
-        #: CUPTI's clock minus the window clock (0: the same clock), and whether it must be sampled at each harvest.
-        self._window_offset = 0
-        self._window_drifts = False
+        #: CUPTI's clock against the window clock (the same clock unless another tool's callback made it ticks).
+        self._window = WindowClock()
         self._lock = threading.Lock()
         self._devices: dict[int, DeviceClock] = {}  # trace device number -> clock
         self._device_numbers: dict[int, int] = {}  # id(Device state) -> trace device number
@@ -417,9 +417,13 @@ class Trace:
             self._cupti_reason = str(exc)
             return self._cupti_reason
         _CUPTI_OWNER = self
+        window = WindowClock()  # set before the source, which a harvester may meet at once
+        if cupti_source.timestamps_are_ticks():  # calls before the first harvest are placed between two samples
+            window.sample(source)
+        self._window = window
+        self._clocks_sampled = False  # on first need (``_sample_clocks``), not on the path before the first op
         self._cupti = source
         self._cupti_session = source.session
-        self._clocks_sampled = False  # on first need (``_sample_clocks``), not on the path before the first op
         if self.others:
             # Weak callbacks: a trace in a reference cycle is freed by the cyclic collector, late and on any thread.
             self._foreign = ForeignRecords(
@@ -503,28 +507,19 @@ class Trace:
         if self._clocks_sampled or source is None:
             return
         cupti_ns, host_ns, err = source.clock_sample()
-        window = self._sample_window_offset()
         with self._lock:  # against ``_align``: every CUPTI clock made before gets the offset, every one after too
             if self._clocks_sampled:
                 return
+            self._window.sample(source)
             self._cupti_offset, self._cupti_error = cupti_ns - host_ns, err
-            self._window_offset, self._window_drifts = window
             for clock in self._devices.values():
                 if clock.source == "cupti":
                     clock.offset_ns, clock.error_ns = self._cupti_offset, self._cupti_error
             self._clocks_sampled = True
 
-    def _sample_window_offset(self) -> tuple[int, bool]:
-        """CUPTI's clock minus the window clock, and False where they are one clock (the offset is then 0)."""
-        cupti_ns, wall_ns, err = self._cupti.clock_sample(_wall)
-        offset = cupti_ns - wall_ns
-        if abs(offset) <= err + 1000:
-            return 0, False
-        return offset, True
-
     def _resolve(self, thread: np.ndarray, start: np.ndarray) -> np.ndarray:
         """Place CUPTI API calls (thread id, start on CUPTI's clock) in the enqueue windows of the waiting ops."""
-        return self._cupti_ops.resolve(thread, start - self._window_offset)
+        return self._cupti_ops.resolve(thread, start - self._window.offsets(self._cupti, start))
 
     def _stream_info(self, stream: Any) -> tuple[int, bool, tuple[int, int]]:
         """(device number, spans from CUPTI, (device number, stream id)) of a stream, kept for the launch path."""
@@ -742,8 +737,8 @@ class Trace:
         ops = self._cupti_ops
         if self._cupti is not None:
             ops.take_rows(cycle)  # before the flush: the windows of the ops handed over so far place its API calls
-            if self._window_drifts:
-                self._window_offset = self._sample_window_offset()[0]
+            if self._window.drifts:
+                self._window.sample(self._cupti)
             eager = flush or not self.recording
             records = self._cupti.flush_columns(eager=eager, full=self.others, resolve=self._resolve)
             ops.add_records(records, cycle)
@@ -753,7 +748,7 @@ class Trace:
             if len(ops):
                 lost = ops.lost
                 off = np.array([offsets[n] for n in range(len(offsets))], np.int64)
-                cupti_rows = ops.harvest(cycle, off, off - self._window_offset)
+                cupti_rows = ops.harvest(cycle, off, off - self._window.offsets(self._cupti))
                 if ops.lost > lost:
                     self.stats.lost += ops.lost - lost
                     self._warn_once(f"no CUPTI record arrived for some ops (first: {ops.first_lost!r}): missing")
