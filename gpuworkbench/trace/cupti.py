@@ -930,7 +930,7 @@ class CuptiSource:
 
     @staticmethod
     def to_ns(ticks: Any) -> Any:
-        """CUPTI timestamps (an int or an int64 array) in ns, on the line the records of the latest flush went through."""
+        """CUPTI timestamps (an int or an int64 array) in ns, on the line the latest flush's records went through."""
         return _to_ns(ticks)
 
     def clock_sample(self, host: Callable[[], int] = time.perf_counter_ns, raw: bool = False) -> tuple[int, int, int]:
