@@ -1717,13 +1717,13 @@ def other_client() -> str:
 
 
 def prepare() -> None:
-    """Do once what makes the first CUPTI trace slow: import cupti-python (~60 ms on the H100 machine), open libcupti
-    and, with ``ATTACH_EARLY``, attach CUPTI (~20 ms; nothing is recorded until a trace starts) and start a source
-    and park it (``stop``): the first trace takes it over without attaching, unless untraced work or ``LINGER_S``
-    let it go first. On the calling thread: the process's first CUPTI set-up from a thread beside the user's CUDA
-    calls made later CUDA calls fail ('context is destroyed', seen on the H100 machine); initializing it again after
-    a let-go (``reattach_soon``, from a thread of ours) did not, in 15 of 15 processes on an H200.
-    ``%load_ext gpuworkbench`` calls it; so does the first trace that meets CUDA. Never raises."""
+    """Do once what makes the first CUPTI trace slow: import cupti-python (~60 ms on the H100 machine) and what the
+    harvest imports (numpy.ma), open libcupti and, with ``ATTACH_EARLY``, attach CUPTI (~20 ms; nothing is recorded
+    until a trace starts) and start a source and park it (``stop``): the first trace takes it over without attaching,
+    unless untraced work or ``LINGER_S`` let it go first. On the calling thread: the process's first CUPTI set-up from a
+    thread beside the user's CUDA calls made later CUDA calls fail ('context is destroyed', seen on the H100 machine);
+    initializing it again after a let-go (``reattach_soon``, from a thread of ours) did not, in 15 of 15 processes on an
+    H200. ``%load_ext gpuworkbench`` calls it; so does the first trace that meets CUDA. Never raises."""
     global _PREPARED, _ATTACHED
     attached = False
     with _STATE_LOCK:
@@ -1736,6 +1736,9 @@ def prepare() -> None:
                 return
             from cupti import cupti
 
+            # numpy imports numpy.ma on the first np.unique: in the first trace's harvest, 77 ms holding the GIL on the
+            # H100 host (61 ms of it compiling, where numpy's .pyc files were missing)
+            np.unique(np.zeros(2, np.int64))
             raw = _raw_cupti(cupti)
             if ATTACH_EARLY and _ACTIVE is None and not other_client():
                 raw.register()  # attaches CUPTI; our callbacks drop what comes while no source is active
