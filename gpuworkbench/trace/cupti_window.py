@@ -40,11 +40,12 @@ class WindowClock:
     def offsets(self, source: Any, at: np.ndarray | None = None) -> Any:
         """The offset at each CUPTI time in ``at`` (ns, on the current line), interpolated between the samples and
         held flat beyond them; ``at`` None: the newest sample's offset. 0 where CUPTI's clock is the window clock."""
-        if not self.drifts or not self._raw:
+        samples = self._raw  # one list: a sample taken meanwhile replaces it
+        if not self.drifts or not samples:
             return 0 if at is None else np.zeros(np.shape(at), np.int64)
-        raw = np.array([r for r, _ in self._raw], np.int64)
+        raw = np.array([r for r, _ in samples], np.int64)
         cupti_ns = np.asarray(source.to_ns(raw), np.int64)
-        offset = cupti_ns - np.array([w for _, w in self._raw], np.int64)
+        offset = cupti_ns - np.array([w for _, w in samples], np.int64)
         if at is None:
             return int(offset[-1])
         if offset.size == 1:
