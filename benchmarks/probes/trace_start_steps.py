@@ -1,15 +1,16 @@
 """Where a fresh trace's start goes, step by step, on a CPU that has idled 0.2 s as between notebook cells (needs a
 CUDA GPU, CuPy and cupti-python).
 
-    python benchmarks/probes/trace_start_steps.py [--rounds 16]
+    python benchmarks/probes/trace_start_steps.py [--rounds 16] [--ready]
 
 Per round, in alternating order: one 16 x 64 MiB pipeline run untraced (CUPTI let go first: the baseline), and one
 inside a fresh ``gw.trace()`` that takes over the source two traced cells left lingering, per ``--quiet-by`` value
-(``cupti.QUIET_BY``: who turns the taken-over watch's callbacks off); 0.2 s before each. Each step of the traced
-start is timed by a wrapper (which adds its own ~1 µs warm), and so is the run's first op (its first H2D's
-``copy_from_host_async``); only steps done inside the timed run count (not the harvester's after it, such as making
-the next trace ahead). The harvest loop's first wake and the linger thread's ``_QUIET`` call are placed against the
-trace's start. Prints per step the median µs over rounds.
+(``cupti.QUIET_BY``: who turns the taken-over watch's callbacks off), and with ``--ready`` one from *ready* (CUPTI let
+go by an untraced run after a traced one, and initialized again with no kind on); 0.2 s before each. Each step of the
+traced start is timed by a wrapper (which adds its own ~1 µs warm), and so is the run's first op (its first H2D's
+``copy_from_host_async``); only steps done inside the timed run count (not the harvester's after it, such as making the
+next trace ahead). The harvest loop's first wake and the linger thread's ``_QUIET`` call are placed against the trace's
+start. Prints per step the median µs over rounds.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def main() -> None:
         default=[getattr(cupti_source, "QUIET_BY", "linger")],
         help="cupti.QUIET_BY values, one traced mode each",
     )
+    parser.add_argument("--ready", action="store_true", help="a traced mode from ready too")
     args = parser.parse_args()
     gw, _dev, pipe, inputs, outputs = pipeline_setup()
     _wrap(recorder.Trace, "__init__", "Trace()")
@@ -73,6 +75,11 @@ def main() -> None:
     _wrap(recorder.Trace, "_harvest_loop", "harvest loop runs")
     _wrap(Buffer, "copy_from_host_async", "first H2D")
     _wrap(recorder.Trace, "stop", "Trace.stop")
+    _wrap(cupti_source.CuptiSource, "_enable", "CuptiSource._enable (from ready)")
+    _wrap(cupti_source, "_subscribe_detach", "_subscribe_detach (from ready)")
+    from cupti import cupti
+
+    _wrap(cupti, "activity_enable", "activity_enable, all kinds (from ready)", first_only=False)
     linger = cupti_source._LINGER
     _wrap(linger, "_fn", "linger thread's call")
 
@@ -84,12 +91,18 @@ def main() -> None:
 
     cell_before()
     per: dict[str, list[float]] = {}
-    modes = ["untraced"] + [f"traced, quiet by {q}" for q in args.quiet_by]
+    modes = ["untraced"] + [f"traced, quiet by {q}" for q in args.quiet_by] + (["traced from ready"] * args.ready)
     runs: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for mode in modes if r % 2 == 0 else modes[::-1]:
             if mode == "untraced":
                 cupti_source.let_go()
+            elif mode == "traced from ready":
+                cell_before()
+                pipe.run(inputs[:4], outputs[:4])  # untraced: its first launch lets CUPTI go, initialized again soon
+                deadline = time.monotonic() + 5
+                while not cupti_source.state().startswith("ready") and time.monotonic() < deadline:
+                    time.sleep(0.02)
             else:
                 cupti_source.QUIET_BY = mode.rsplit(" ", 1)[1]
                 cell_before()
@@ -114,6 +127,7 @@ def main() -> None:
     for mode in modes[1:]:
         deltas = [a - b for a, b in zip(runs[mode], runs["untraced"])]
         print(json.dumps({"step": f"run, {mode} - untraced", "ms_median": round(statistics.median(deltas), 3)}))
+
     cupti_source.let_go()
 
 
