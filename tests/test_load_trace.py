@@ -352,6 +352,53 @@ def test_from_records_names_streams_by_string():
     assert t.stream_labels == {(0, 0): "upload", (0, 1): "compute", (1, 0): "compute"}
 
 
+def cpu_profile_doc() -> dict:
+    """What ``torch.profiler`` with ``activities=[CPU]`` and ``profile_memory=True`` writes: host events only, no
+    deviceProperties, and ``[memory]`` instant events (CPU ones, and here a GPU one too)."""
+    events = [
+        {"name": "thread_name", "ph": "M", "ts": 0.0, "pid": PID, "tid": MAIN, "args": {"name": "thread 4242 (py)"}},
+        {"ph": "X", "cat": "user_annotation", "name": "my_region", "pid": PID, "tid": MAIN, "ts": 10.0, "dur": 90.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": PID, "tid": MAIN, "ts": 20.0, "dur": 30.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": PID, "tid": MAIN, "ts": 60.0, "dur": 5.0},
+    ]  # fmt: skip
+    for i, (device_type, total) in enumerate([(0, 4096), (0, 8192), (0, 4096)]):
+        events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": PID, "tid": MAIN,
+                       "ts": 20.0 + 10 * i, "args": {"Device Type": device_type, "Device Id": -1, "Bytes": 4096,
+                                                      "Total Allocated": total, "Total Reserved": 0}})  # fmt: skip
+    return {"schemaVersion": 1, "deviceProperties": [], "baseTimeNanoseconds": BASE_NS, "traceEvents": events}
+
+
+def test_a_cpu_only_profile_gets_a_host_clock_not_a_gpu_and_round_trips(tmp_path):
+    t = gw.load_trace(write(cpu_profile_doc(), tmp_path / "cpu.json"))
+    assert {d: (c.key, c.name) for d, c in t.devices.items()} == {0: ("host:0", "host")}
+    assert "no device work" in t.devices[0].note
+    assert sorted(t.table()["name"].tolist()) == ["aten::mm", "aten::relu", "my_region"]
+    assert not t.memory_table()["t_ns"].size  # CPU memory: the memory table is per device
+    t.summary()
+    again = gw.load_trace(t.to_chrome_trace(str(tmp_path / "again.json")) and str(tmp_path / "again.json"))
+    assert_same_tables(t, again)
+    assert {d: c.key for d, c in again.devices.items()} == {0: "host:0"}
+
+
+def test_gpu_memory_events_become_the_memory_tables_other_bytes(tmp_path):
+    doc = kineto_doc()
+    for ts, total in ((50.0, 1 << 20), (40.0, 3 << 20), (60.0, 2 << 20)):
+        doc["traceEvents"].append(
+            {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": PID, "tid": MAIN, "ts": ts,
+             "args": {"Device Type": 1, "Device Id": 1, "Bytes": 1 << 20, "Total Allocated": total}}
+        )  # fmt: skip
+    doc["traceEvents"].append(
+        {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": PID, "tid": MAIN, "ts": 45.0,
+         "args": {"Device Type": 0, "Device Id": -1, "Bytes": 64, "Total Allocated": 64}}
+    )  # fmt: skip
+    t = gw.load_trace(write(doc, tmp_path / "mem.json"))
+    memory = t.memory_table()
+    assert memory["device"].tolist() == [1, 1, 1]
+    assert memory["t_ns"].tolist() == [ns(40.0), ns(50.0), ns(60.0)]
+    assert memory["other_bytes"].tolist() == [3 << 20, 1 << 20, 2 << 20]
+    assert t.devices[1].key == "cuda:1"
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 
@@ -366,8 +413,33 @@ def test_from_records_names_streams_by_string():
         (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "dur": 1}]}', "has no ts"),
         (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "soon", "dur": 1}]}', "not a number"),
         (b'{"traceEvents": [3]}', "is not an object"),
+        (b"", "the file is empty"),
+        (b"  \n ", "the file is empty"),
+        (b'{"traceEvents": [{"ph": "X", "name": "aten::m', "truncated JSON"),
+        (b'{"traceEvents": [{"ph": "X", "ts": 1.', "truncated JSON"),
+        (b'{"traceEvents": [{"ph": "X", "ts": 1.0}, ', "truncated JSON"),
+        (b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1e300, "dur": 1}]}', "out of range"),
+        (b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1, "pid": [1], "tid": 1}]}', "neither a number"),
+        (b'{"traceEvents": [], "gpuworkbench": {"stream_labels": [[0]]}}', "stream_labels"),
     ],
-    ids=["not-json", "truncated-json", "truncated-gzip", "no-events", "events-not-a-list", "no-ts", "bad-ts", "int"],
+    ids=[
+        "not-json",
+        "truncated-json",
+        "truncated-gzip",
+        "no-events",
+        "events-not-a-list",
+        "no-ts",
+        "bad-ts",
+        "int",
+        "empty",
+        "blank",
+        "cut-in-a-string",
+        "cut-in-a-number",
+        "cut-between-events",
+        "ts-out-of-range",
+        "pid-a-list",
+        "bad-own-labels",
+    ],
 )
 def test_malformed_files_raise_invalid_argument_naming_the_file(tmp_path, content, message):
     path = tmp_path / "broken.json"
