@@ -374,7 +374,9 @@ def test_a_cpu_only_profile_gets_a_host_clock_not_a_gpu_and_round_trips(tmp_path
     assert "no device work" in t.devices[0].note
     assert sorted(t.table()["name"].tolist()) == ["aten::mm", "aten::relu", "my_region"]
     assert not t.memory_table()["t_ns"].size  # CPU memory: the memory table is per device
-    t.summary()
+    text = str(t.summary())
+    assert "device work" in text and "none in this trace" in text and "range 3" in text and "n/a" not in text
+    assert "host:0 = host" in str(t.timeline().children[0].title.text)
     again = gw.load_trace(t.to_chrome_trace(str(tmp_path / "again.json")) and str(tmp_path / "again.json"))
     assert_same_tables(t, again)
     assert {d: c.key for d, c in again.devices.items()} == {0: "host:0"}

@@ -992,6 +992,8 @@ def _rows(ds: DeviceSummary) -> list[tuple[str, str]]:
     )
     gaps = ", ".join(f"{cause} {n}" for cause, n in ds.gap_counts.items())
     ops = ", ".join(f"{kind} {n}" for kind, n in ds.op_counts.items()) or "none"
+    if not ds.window_ns and all(kind in HOST_KINDS for kind in ds.op_counts):  # e.g. a CPU-only PyTorch profile
+        return [("device work", "none in this trace"), ("host spans", ops)]
     efficiency = "n/a" if ds.pipeline_efficiency is None else f"{ds.pipeline_efficiency:.2f}"
     return [
         ("window W", f"{_format_ns(w)} (from {ds.window_source})"),
