@@ -376,7 +376,9 @@ def test_a_cpu_only_profile_gets_a_host_clock_not_a_gpu_and_round_trips(tmp_path
     assert not t.memory_table()["t_ns"].size  # CPU memory: the memory table is per device
     text = str(t.summary())
     assert "device work" in text and "none in this trace" in text and "range 3" in text and "n/a" not in text
-    assert "host:0 = host" in str(t.timeline().children[0].title.text)
+    detail = t.timeline().children[0]
+    assert "host:0 = host" in str(detail.title.text)
+    assert list(detail.y_range.factors) == ["host:0 · thread 4242 (py)"]  # no overlap-state strip without device work
     again = gw.load_trace(t.to_chrome_trace(str(tmp_path / "again.json")) and str(tmp_path / "again.json"))
     assert_same_tables(t, again)
     assert {d: c.key for d, c in again.devices.items()} == {0: "host:0"}

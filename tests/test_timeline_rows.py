@@ -166,6 +166,31 @@ def test_blocking_calls_are_host_waits_in_a_style_of_their_own():
     assert fig.select_one({"name": "host waits", "type": GlyphRenderer}).glyph.hatch_pattern == "/"
 
 
+def test_nested_ranges_are_drawn_as_bars_inside_bars_outermost_first():
+    """A PyTorch profile nests cpu_ops several deep on one thread's row: each level is drawn shorter and on top of the
+    range that encloses it, so the nesting can be read; a range that only overlaps another is not nested in it."""
+    records = [
+        span("range", -2, 0, 100, name="step"),
+        span("range", -2, 10, 40, name="aten::linear"),
+        span("range", -2, 20, 30, name="aten::addmm"),
+        span("range", -2, 35, 60, name="overlapping"),
+        span("api", -2, 21, 22, name="cudaLaunchKernel", corr=5),
+        span("range", -3, 15, 25, name="other thread"),
+        span("kernel", 0, 30, 40, name="k", corr=5),
+    ]
+    _, fig = build(records)
+    data = source(fig, "spans").data
+    depth = {name: int(data["depth"][by_name(data, name)]) for name in ("step", "aten::linear", "aten::addmm")}
+    assert depth == {"step": 0, "aten::linear": 1, "aten::addmm": 2}
+    assert data["depth"][by_name(data, "overlapping")] == 1  # inside step, not inside aten::linear
+    assert data["depth"][by_name(data, "other thread")] == 0  # another row
+    heights = [data["height"][by_name(data, n)] for n in ("step", "aten::linear", "aten::addmm")]
+    assert heights[0] > heights[1] > heights[2]
+    assert data["height"][by_name(data, "cudaLaunchKernel")] == pytest.approx(0.55)  # calls keep their height
+    order = list(data["name"])
+    assert order.index("step") < order.index("aten::linear") < order.index("aten::addmm") < order.index("k")
+
+
 def test_kinds_and_overlap_states_have_separate_legends():
     _, fig = build()
     legends = {legend.title: legend for legend in fig.select({"type": Legend})}

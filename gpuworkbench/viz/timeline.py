@@ -318,7 +318,8 @@ def _timeline(
         span_data: dict[str, Any] = _empty(_SPAN_COLUMNS)
     else:
         span_data = span_columns(table, rows, t0_ns, links)
-        behind = np.argsort(np.asarray(table["kind"]) != _RANGE, kind="stable")  # ranges first: drawn underneath
+        # ranges first, outermost first: each drawn under what it encloses
+        behind = np.lexsort((np.asarray(span_data["depth"]), np.asarray(table["kind"]) != _RANGE))
         span_data = {col: np.asarray(values)[behind] for col, values in span_data.items()}
     span_source = ColumnDataSource(span_data, name="span source")
     style_colors = factor_cmap("style", [STYLE_COLORS[s] for s in STYLES], list(STYLES))

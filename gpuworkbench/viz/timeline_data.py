@@ -50,6 +50,7 @@ _SPAN_COLUMNS = (
     "queue_us",
     "height",
     "alpha",
+    "depth",
 )
 _STATE_COLUMNS = ("left", "right", "row", "state", "duration_us")
 _CELL_COLUMNS = ("left", "right", "row", "style", "count", "busy", "alpha")
@@ -66,6 +67,9 @@ _BAR_HEIGHT = 0.8
 _RANGE = KIND_CODE["range"]
 _HEIGHT = np.array([0.9 if k == "range" else 0.55 if k == "api" else _BAR_HEIGHT for k in KINDS])
 _ALPHA = np.array([0.45 if k == "range" else 1.0 for k in KINDS])
+#: A range nested d deep in others on its row is drawn this much shorter per level (centred, never below the minimum),
+#: so that nesting reads as bars inside bars (a PyTorch profile nests cpu_ops 5-10 deep).
+_NEST_SHRINK, _NEST_MIN = 0.8, 0.25
 _AXIS_PX = 90  # room for the title, the x axis and the toolbar
 _CHAR_PX = 6.2  # mean width of an 8pt character, to decide whether a name fits on its bar
 _TIME_AXIS = "time since trace start (ms)"
@@ -84,7 +88,8 @@ def _row_order(stream: int) -> tuple[int, int]:
 
 
 class RowLayout:
-    """The timeline's rows: each (device, stream) seen so far with a unique label, and a state strip per device.
+    """The timeline's rows: each (device, stream) seen so far with a unique label, and a state strip per device that
+    has device work (a device row; a CPU-only profile's host rows get none).
 
     Rows are ordered device by device (host thread rows, the workbench's row, streams by id, then the device's state
     strip), so that rows can be added as a live trace reveals new streams without relabelling the old ones.
@@ -121,7 +126,7 @@ class RowLayout:
         new = [int(k) for k in keys if int(k) not in self._label_of]
         for key in new:
             device, stream = key >> 32, (key & 0xFFFFFFFF) - (1 << 31)
-            if self.states and device not in self._state_label_of:
+            if self.states and stream >= 0 and device not in self._state_label_of:  # a strip once it has device work
                 self._state_label_of[device] = self._unique(f"{self.device_label(device)} · states", str(device))
             if stream == HOST_STREAM:
                 label = "workbench"
@@ -155,6 +160,10 @@ class RowLayout:
         codes = np.array([position[self._label_of[int(k)]] for k in keys], dtype=np.int64)
         return codes[inverse.reshape(-1)] if keys.size else np.zeros(0, dtype=np.int64)
 
+    def has_state_strip(self, device: int) -> bool:
+        """Whether ``device`` has a state strip (it has a device row)."""
+        return device in self._state_label_of
+
     def state_label(self, device: int) -> str:
         """The label of ``device``'s state strip (its row is made when the device's first span is added)."""
         return self._state_label_of[device]
@@ -174,7 +183,7 @@ class RowLayout:
                 key=lambda k: _row_order((k & 0xFFFFFFFF) - (1 << 31)),
             )
             rows += [self._label_of[k] for k in keys]
-            if self.states:
+            if device in self._state_label_of:
                 rows.append(self._state_label_of[device])
         return rows
 
@@ -300,6 +309,7 @@ def span_columns(
         devices, streams = _origin_rows(table, call)
         call_row[linked] = rows.labels(devices[linked], streams[linked])
     nan = np.full(kind.size, np.nan)
+    depth = range_depths(table)
     return {
         "left": (start - t0_ns) / 1e6,
         "right": (end - t0_ns) / 1e6,
@@ -315,15 +325,46 @@ def span_columns(
         "call_row": call_row,
         "launch_us": np.where(linked, links["latency_ns"] / 1e3, nan),
         "queue_us": np.where(linked, links["queue_ns"] / 1e3, nan),
-        "height": _HEIGHT[kind],
+        "height": np.where(depth > 0, np.maximum(_HEIGHT[kind] * _NEST_SHRINK**depth, _NEST_MIN), _HEIGHT[kind]),
         "alpha": _ALPHA[kind],
+        "depth": depth,
     }
+
+
+def range_depths(table: Mapping[str, np.ndarray]) -> np.ndarray:
+    """How many ranges on the same row enclose each range (0 for the outermost and for every other kind).
+
+    A range encloses another when it starts no later and ends no earlier; of two that start together the longer is
+    outside. A range that only overlaps another (neither holds the other) is not counted inside it."""
+    kind = np.asarray(table["kind"])
+    depth = np.zeros(kind.size, np.int64)
+    ranges = np.flatnonzero(kind == _RANGE)
+    if ranges.size < 2:
+        return depth
+    device = np.asarray(table["device"], np.int64)[ranges]
+    stream = np.asarray(table["stream"], np.int64)[ranges]
+    start = np.asarray(table["start_ns"], np.int64)[ranges]
+    end = np.asarray(table["end_ns"], np.int64)[ranges]
+    order = np.lexsort((-end, start, stream, device))
+    rows = (device[order] << 32) ^ (stream[order] & 0xFFFFFFFF)
+    open_ends: list[int] = []  # ends of the ranges enclosing the current one, innermost last
+    last_row = None
+    for i, stop, row in zip(ranges[order].tolist(), end[order].tolist(), rows.tolist()):
+        if row != last_row:
+            open_ends, last_row = [], row
+        while open_ends and open_ends[-1] < stop:  # ended before this one does: it does not enclose it
+            open_ends.pop()
+        depth[i] = len(open_ends)
+        open_ends.append(stop)
+    return depth
 
 
 def state_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) -> dict[str, np.ndarray]:
     """The state strips' columns: the 8-state segments of every device, neighbours in the same state merged."""
     parts = []
     for device in rows.devices:
+        if not rows.has_state_strip(device):
+            continue
         seg = state_segments(table, device)
         state = seg["state"]
         if state.size == 0:
