@@ -263,6 +263,8 @@ def test_an_exported_cpu_trace_round_trips_exactly(tmp_path):
         }
         assert loaded.devices[0].source == "gpuworkbench export"
         assert loaded.summary().to_dict() == t.summary().to_dict()
+        memory, back = t.memory_table(), loaded.memory_table()
+        assert memory["t_ns"].size and all(np.array_equal(memory[c], back[c]) for c in memory)
 
 
 def test_a_from_records_trace_with_host_rows_grid_and_block_round_trips_exactly(tmp_path):
@@ -401,6 +403,8 @@ def test_gpu_memory_events_become_the_memory_tables_other_bytes(tmp_path):
     assert memory["t_ns"].tolist() == [ns(40.0), ns(50.0), ns(60.0)]
     assert memory["other_bytes"].tolist() == [3 << 20, 1 << 20, 2 << 20]
     assert t.devices[1].key == "cuda:1"
+    back = gw.load_trace(t.to_chrome_trace(str(tmp_path / "again.json.gz")) and str(tmp_path / "again.json.gz"))
+    assert all(np.array_equal(memory[c], back.memory_table()[c]) for c in memory)  # our export keeps them
 
 
 # ---------------------------------------------------------------------------------------------- errors

@@ -11,6 +11,8 @@ host thread row ``-k`` (``thread_stream(k - 2)``): its ``api`` calls as ``cuda_r
 regions as ``user_annotation`` events. An API call and the device span it enqueued share ``args.correlation`` (their
 ``corr``) and an ``ac2g`` flow arrow; spans without a ``corr`` get correlation ids of their own, from
 ``gpuworkbench.synthetic_correlation_from`` on. A ``range`` on a device stream is a ``gpu_user_annotation`` there.
+Memory rows are PyTorch's ``[memory]`` instant events on the workbench's row: other libraries' bytes as "Total
+Allocated", with ``held_bytes`` and ``used_bytes`` beside it.
 
 Kineto's stream numbers are positive and HTA treats stream <= 0 as host work in places, so our stream ``s`` is
 exported as tid and ``args.stream`` ``s + 1``; the row's name keeps our number ("stream 0 pipeline-h2d"). The
@@ -77,6 +79,31 @@ def _runtime_name(kind: str, backend: str) -> str:
 def _us(ns: int) -> float:
     """Nanoseconds as microseconds, rounded to the ns so that the JSON carries no float noise."""
     return round(ns / 1000, 3)
+
+
+def _memory_events(memory: dict[str, np.ndarray], origin: int, backend: dict[int, str]) -> list[dict]:
+    """Memory rows as PyTorch's ``[memory]`` instant events (in table order): other libraries' bytes as its
+    allocator's "Total Allocated", and our own columns beside them, so that ``load_trace`` reads them back exactly."""
+    rows = zip(*(memory[c].tolist() for c in ("device", "t_ns", "held_bytes", "used_bytes", "other_bytes")))
+    return [
+        {
+            "ph": "i",
+            "s": "t",
+            "cat": "cpu_instant_event",
+            "name": "[memory]",
+            "pid": HOST_PID,
+            "tid": _HOST_TID,
+            "ts": _us(t - origin),
+            "args": {
+                "Device Type": 1 if backend.get(dev) in ("cuda", "rocm") else 0,
+                "Device Id": dev,
+                "Total Allocated": other,
+                "held_bytes": held,
+                "used_bytes": used,
+            },
+        }
+        for dev, t, held, used, other in rows
+    ]
 
 
 def _host_tid(stream: int) -> int:
@@ -240,6 +267,8 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
             events.append({"ph": "s", **flow, "pid": HOST_PID, "tid": _HOST_TID, "ts": at})
         if enqueues[i] or called[i]:
             events.append({"ph": "f", "bp": "e", **flow, "pid": dev, "tid": tid, "ts": ts})
+
+    events += _memory_events(trace.memory_table(), origin, backend)
 
     doc = {
         "schemaVersion": 1,

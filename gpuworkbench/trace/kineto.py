@@ -7,7 +7,8 @@ grid, block and ``corr`` = ``args.correlation``. Host work becomes host thread r
 (pid, tid), labelled by ``thread_name`` metadata): ``cuda_runtime`` / ``cuda_driver`` calls as ``api`` spans linked
 to the device spans with the same correlation (whose enqueue time is then the call's start), ``cpu_op`` and
 ``user_annotation`` as ``range`` spans; ``gpu_user_annotation`` becomes a ``range`` on its device stream. A file
-written by ``Trace.to_chrome_trace`` (it has a ``gpuworkbench`` block) is read back exactly as it was exported.
+written by ``Trace.to_chrome_trace`` (it has a ``gpuworkbench`` block) is read back exactly as it was exported, its
+memory rows included.
 PyTorch's ``[memory]`` events (``profile_memory=True``) on a GPU become the memory table's ``other_bytes`` (its
 allocator's total allocated); those on the CPU are left out (the memory table is per device). A trace with no device
 work and no device properties (a CPU-only profile) gets one clock, ``host:0``, for its host rows.
@@ -570,13 +571,26 @@ class _OwnExport(_Kineto):
         groups = _group(events, self.where)
         blocks = [self._device(groups), self._device_range(groups), self._host(groups)]
         table = _concat(blocks)
-        trace = finished_trace(table, self._clocks(table, groups), self._labels(table, groups))
+        memory = self._own_memory(groups)
+        trace = finished_trace(table, self._clocks(table, groups), self._labels(table, groups), memory)
         trace._stats.dropped = _int_or(self.own.get("dropped"), 0)
         trace._stats.lost = _int_or(self.own.get("lost"), 0)
         return trace
 
     def _time(self, values: list, what: str) -> np.ndarray:
         return _ns(values, self.where, what) + self.origin
+
+    def _own_memory(self, groups: _Groups) -> dict[str, np.ndarray]:
+        """Every ``[memory]`` event the export wrote, in its order, with our own columns."""
+        events = groups.memory
+        args = _args(events)
+        return {
+            "device": _ints([a.get("Device Id", 0) for a in args], 0).astype(np.int16),
+            "t_ns": self._time([e["ts"] for e in events], "ts"),
+            "held_bytes": _ints([a.get("held_bytes", 0) for a in args], 0),
+            "used_bytes": _ints([a.get("used_bytes", -1) for a in args], -1),
+            "other_bytes": _ints([a.get("Total Allocated", 0) for a in args], 0),
+        }
 
     def _enqueue(self, args: list[dict]) -> np.ndarray:
         values = [a.get("enqueued (us)") for a in args]
