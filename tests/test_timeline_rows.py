@@ -453,3 +453,25 @@ def test_the_browser_labels_memory_ticks_as_python_does(page, tmp_path):
 def test_empty_trace_view_is_a_valid_document():
     view = timeline_view(empty_table())
     assert "<html" in file_html(view, INLINE)
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_a_large_timeline_draws_nested_ranges_as_the_small_one_does(page, tmp_path):
+    records = [
+        span("range", -2, 0, 100, name="step"),
+        span("range", -2, 10, 40, name="aten::linear"),
+        span("range", -2, 20, 30, name="aten::addmm"),
+    ] + [span("kernel", 0, t, t + 10, name=f"k{t}") for t in range(200, 300, 20)]
+    table = Trace.from_records(records).table()
+    small = source(timeline_figure(table, {0: "gpu A"}, LABELS), "spans").data
+    expected = {n: small["height"][by_name(small, n)] for n in ("step", "aten::linear", "aten::addmm")}
+    assert expected["step"] > expected["aten::linear"] > expected["aten::addmm"]
+    _load(page, tmp_path, timeline_view(table, {0: "gpu A"}, LABELS, detail_limit=4))  # 8 spans: large
+    page.evaluate(
+        "() => Bokeh.documents[0].get_model_by_name('timeline x range').setv({start: -0.01, end: 0.11})"
+    )  # the three ranges only: drawn one by one
+    spans = "() => Bokeh.documents[0].get_model_by_name('span source').data"
+    page.wait_for_function(f"() => ({spans})().name.length == 3")
+    drawn = page.evaluate(spans)
+    assert {n: h for n, h in zip(drawn["name"], drawn["height"])} == pytest.approx(expected)

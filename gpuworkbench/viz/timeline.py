@@ -67,6 +67,8 @@ from .timeline_data import (  # noqa: F401  (re-exported: the dashboard and test
     _CHAR_PX,
     _HEIGHT,
     _LEGENDS_PX,
+    _NEST_MIN,
+    _NEST_SHRINK,
     _RANGE,
     _SPAN_COLUMNS,
     _STATE_COLUMNS,
@@ -452,6 +454,8 @@ def _timeline(
             "heights": _HEIGHT.tolist(),
             "alphas": _ALPHA.tolist(),
             "range_style": _RANGE,
+            "nest_shrink": _NEST_SHRINK,
+            "nest_min": _NEST_MIN,
         },
         code=timeline_js.VIEW,
     )

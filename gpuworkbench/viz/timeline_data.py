@@ -325,10 +325,15 @@ def span_columns(
         "call_row": call_row,
         "launch_us": np.where(linked, links["latency_ns"] / 1e3, nan),
         "queue_us": np.where(linked, links["queue_ns"] / 1e3, nan),
-        "height": np.where(depth > 0, np.maximum(_HEIGHT[kind] * _NEST_SHRINK**depth, _NEST_MIN), _HEIGHT[kind]),
+        "height": nested_heights(_HEIGHT[kind], depth),
         "alpha": _ALPHA[kind],
         "depth": depth,
     }
+
+
+def nested_heights(heights: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """Bar heights of spans ``depth`` ranges deep (``timeline_js.VIEW`` computes the same for a large trace)."""
+    return np.where(depth > 0, np.maximum(heights * _NEST_SHRINK ** np.minimum(depth, 64), _NEST_MIN), heights)
 
 
 def range_depths(table: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -406,9 +411,9 @@ def compact_columns(
 
     Columns: ``start`` (ms, float64), ``dur`` (ms, float32), ``row`` (position in ``rows.top_to_bottom``), ``style``
     (index in ``ALL_STYLES``: a state segment's is past the span styles), ``name`` (index in the names), ``bytes``,
-    and the launch: ``lat`` (ms, NaN where none), ``queue`` (ms), ``orow`` (the arrow's start row), ``oname`` (the
-    call's name). What the large timeline's document carries, a few bytes per span, and what the browser draws from.
-    """
+    ``depth`` (``range_depths``), and the launch: ``lat`` (ms, NaN where none), ``queue`` (ms), ``orow`` (the arrow's
+    start row), ``oname`` (the call's name). What the large timeline's document carries, a few bytes per span, and what
+    the browser draws from."""
     kind = np.asarray(table["kind"], dtype=np.int64)
     start = np.asarray(table["start_ns"], dtype=np.int64)
     end = np.asarray(table["end_ns"], dtype=np.int64)
@@ -433,6 +438,7 @@ def compact_columns(
         "queue": links["queue_ns"] / 1e6,
         "orow": orow,
         "oname": oname,
+        "depth": np.minimum(range_depths(table), 255),  # uint8 below
     }
     if states is not None and len(states["left"]):
         busy = np.asarray(states["state"], dtype=object) != "idle"
@@ -450,6 +456,7 @@ def compact_columns(
             "queue": np.zeros(m),
             "orow": np.zeros(m, np.int64),
             "oname": np.zeros(m, np.int64),
+            "depth": np.zeros(m, np.int64),
         }
         parts = {col: np.concatenate([parts[col], extra[col]]) for col in parts}
     order = np.argsort(parts["start"], kind="stable")
@@ -465,6 +472,7 @@ def compact_columns(
         "queue": np.float32,
         "orow": small,
         "oname": np.uint32,
+        "depth": np.uint8,
     }
     columns = {col: parts[col][order].astype(dtypes[col]) for col in parts}
     return columns, list(names)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 #: args: fig, spans, states, agg, waits, labels, raw (None for a small trace), row_names, names, styles, copies, inks,
 #: n_styles, wait_style, kind_of_wait, limit, max_dur, char_px, busy_steps, cell_px, heights, alphas,
-#: range_style.
+#: range_style, nest_shrink, nest_min.
 #: Writes ``spans``, ``states``, ``agg`` and ``waits`` (large traces only) and ``labels``.
 VIEW = r"""
 const xr = fig.x_range
@@ -62,7 +62,9 @@ if (raw != null) {
         const linked = !isNaN(lat)
         s.launch_us.push(linked ? lat * 1e3 : NaN); s.queue_us.push(linked ? r.queue[i] * 1e3 : NaN)
         s.call.push(linked ? names[r.oname[i]] : ''); s.call_left.push(linked ? start[i] - lat : NaN)
-        s.call_row.push(linked ? row_names[r.orow[i]] : ''); s.height.push(heights[kind_code])
+        const depth = r.depth[i]
+        s.call_row.push(linked ? row_names[r.orow[i]] : '')
+        s.height.push(depth > 0 ? Math.max(heights[kind_code] * nest_shrink ** depth, nest_min) : heights[kind_code])
         s.alpha.push(alphas[kind_code])
       }
     }
