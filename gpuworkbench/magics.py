@@ -88,6 +88,8 @@ def register(ipython: Any) -> None:
 
 #: Words in a cell's source that say it traces (or asks about CUPTI): CUPTI lingering after a trace is kept for it.
 _TRACING_WORDS = ("%%gpu", "%gpu live", "%gpu cupti", "trace(", "gw.dask", ".live(")
+#: Of those, the words of a cell that traces on this process's GPUs: CUPTI is made ready for its trace before it runs.
+_TRACES_HERE = ("%%gpu", "%gpu live", "trace(", ".live(")
 
 
 _let_go_in_cell = False
@@ -96,17 +98,20 @@ _let_go_in_cell = False
 def _let_go_before_untraced_cell(info: Any) -> None:
     """Before a cell that does not trace, let go the CUPTI a trace left lingering: it would slow every CUDA call of the
     cell (an empty launch 1.5 ×) until its first launch, copy or memset lets it go. Cells that trace (or ask about
-    CUPTI: ``%gpu cupti``) keep it, and start without attaching it; so do the cells before the first trace, for which
-    ``%load_ext`` parked one, until one launches work. Runs on the kernel's thread, after waiting (up to 1 s) for a
-    re-initialization of CUPTI due after the last cell; marks the cell as running (``cupti.CELL_RUNNING``); a trace
-    that still records keeps CUPTI."""
+    CUPTI: ``%gpu cupti``) keep it; so do the cells before the first trace, for which ``%load_ext`` parked one, until
+    one launches work. Before a cell that traces, CUPTI is made ready for its trace here, outside the cell's time
+    (``cupti.warm_for_cell``: a source parked where CUPTI was only *ready*, primed on this thread), so that the trace
+    takes a source over. Runs on the kernel's thread, after waiting (up to 1 s) for a re-initialization of CUPTI due
+    after the last cell; marks the cell as running (``cupti.CELL_RUNNING``); a trace that still records keeps
+    CUPTI."""
     global _let_go_in_cell
     cupti.settle(1.0)
     cupti.CELL_RUNNING = True
-    if not cupti.lingering(after_trace=True):
-        return
     source = getattr(info, "raw_cell", "") or ""
-    if any(word in source for word in _TRACING_WORDS):
+    if any(word in source for word in _TRACES_HERE):
+        cupti.warm_for_cell()
+        return
+    if not cupti.lingering(after_trace=True) or any(word in source for word in _TRACING_WORDS):
         return
     _let_go_in_cell = cupti.let_go()
 

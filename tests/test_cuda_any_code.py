@@ -339,3 +339,56 @@ def test_the_first_trace_after_load_ext_imports_nothing(cp):
     out = subprocess.run([sys.executable, "-c", _FIRST_TRACE_IMPORTS], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[] True", out.stdout
+
+
+_NOTEBOOK_CELLS = """
+import json
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+def run(source):
+    result = shell.run_cell(source, store_history=False)
+    result.raise_error()
+run("%load_ext gpuworkbench")
+run('''
+import cupy as cp
+import numpy as np
+import gpuworkbench as gw
+from gpuworkbench.trace.spans import KIND_CODE
+inside = cp.ElementwiseKernel("float32 x", "float32 y", "y = x * 7", "inside_the_cell")
+x = cp.ones(1 << 16, cp.float32)
+inside(x, x)
+cp.cuda.Device().synchronize()
+found = []
+''')
+TRACED = '''
+state = gw.cupti.state().split(":")[0]
+with gw.trace(others=True) as t:
+    inside(x, x)
+    host = cp.asnumpy(x)
+t.wait_pending()
+table = t.table()
+names = table["name"][table["kind"] == KIND_CODE["kernel"]].tolist()
+calls = table["name"][table["kind"] == KIND_CODE["api"]].tolist()
+tiny = int(((table["bytes"] == 4) & np.isin(table["kind"], [KIND_CODE["h2d"], KIND_CODE["memset"]])).sum())
+found.append([state, names, int((table["kind"] == KIND_CODE["d2h"]).sum()), tiny, [c for c in calls if "Memset" in c]])
+'''
+for _ in range(3):
+    run("y = x * 2\\ncp.cuda.Device().synchronize()")  # untraced: CUPTI is let go in it, ready after it
+    run(TRACED)
+run(TRACED)  # after a traced cell
+print(json.dumps(shell.user_ns["found"]))
+"""
+
+
+def test_a_traced_cell_after_an_untraced_one_takes_over_a_source_readied_before_it_ran(cp):
+    """In IPython with ``%load_ext`` (a fresh process): before each cell that traces, the pre-run hook parks a source
+    where CUPTI was only ready and primes it on the kernel's thread, so the cell's trace takes it over; the trace
+    holds the cell's kernel and copy, and none of the prime's work or calls."""
+    pytest.importorskip("IPython")
+    out = subprocess.run([sys.executable, "-c", _NOTEBOOK_CELLS], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [f[0] for f in found] == ["lingering"] * 4, found
+    for _state, names, d2h, tiny, memsets in found:
+        assert sum("inside_the_cell" in n for n in names) == 1 and d2h == 1, found
+        assert tiny == 0 and memsets == [], found

@@ -513,3 +513,107 @@ def test_a_take_over_leaves_the_callbacks_to_the_trace_harvest_thread_when_quiet
     assert cupti_mod._QUIET_DUE and cupti_mod._DETACH.watching
     cupti_mod.quiet_taken_over()
     assert lib.domain_on and cupti_mod._DETACH.watching
+
+
+def ready(fake_cupti, monkeypatch) -> None:
+    """CUPTI initialized again with no kind on, as ``reattach_soon`` leaves it; sources made by the module itself
+    need no tables (the fake module has no enums or dtypes to make them from)."""
+    monkeypatch.setattr(cupti_mod.CuptiSource, "_setup_tables", lambda self, cupti: None)
+    fake_cupti.raw.register()
+    cupti_mod._ATTACHED = cupti_mod._FRESH = True
+    assert cupti_mod.state().startswith("ready")
+
+
+def test_a_traced_cell_finds_a_source_parked_and_primed_on_its_own_thread(fake_cupti, monkeypatch):
+    """``warm_for_cell`` (a tracing cell's pre-run hook) parks a source where CUPTI was only ready, primes it on the
+    calling thread and not the prime thread; the cell's trace then takes it over without enabling anything."""
+    from gpuworkbench.trace.cupti_prime import PRIMER
+
+    monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", True)
+    primed = []
+    monkeypatch.setattr(
+        PRIMER, "prime", lambda lib, drop_calls=True: primed.append((threading.get_ident(), drop_calls))
+    )
+    ready(fake_cupti, monkeypatch)
+    assert cupti_mod.warm_for_cell()
+    assert cupti_mod.lingering(after_trace=True) and len(fake_cupti.enabled) == 6
+    assert primed == [(threading.get_ident(), False)]  # this thread's calls stay in traces (before the cutoff)
+    assert cupti_mod._DETACH.watching  # at once: no prime thread to wait for
+    time.sleep(0.05)
+    assert len(primed) == 1
+    fake_cupti.log.clear()
+    trace_source = source()
+    trace_source.start()
+    assert fake_cupti.log == [] and cupti_mod._ACTIVE is trace_source
+    assert not cupti_mod.warm_for_cell()  # a source records: nothing parked, nothing primed
+    trace_source.stop()
+    assert cupti_mod.warm_for_cell() and len(primed) == 2  # lingering after a trace: primed here again
+    assert wait_for(lambda: len(primed) == 3)  # ... where the park's own prime thread primed too
+
+
+def test_the_watch_ignores_the_callers_own_prime_but_not_other_work(fake_cupti, monkeypatch):
+    from gpuworkbench.trace.cupti_prime import PRIMER
+
+    monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", True)
+    lib = fake_cupti.raw.lib
+    monkeypatch.setattr(PRIMER, "prime", lambda cupti_lib, drop_calls=True: lib.api_call(WORK) or 1)
+    ready(fake_cupti, monkeypatch)
+    assert cupti_mod.warm_for_cell()
+    assert cupti_mod.lingering() and cupti_mod._DETACH.watching and cupti_mod._DETACH.ignored_thread == 0
+    worker = threading.Thread(target=lib.api_call, args=(WORK,))
+    worker.start()
+    worker.join()
+    assert wait_for(lambda: cupti_mod._PARKED is None and fake_cupti.enabled == set())  # untraced work: let go
+
+
+def test_warm_for_cell_leaves_cupti_alone_where_it_is_not_ready(fake_cupti, monkeypatch):
+    assert not cupti_mod.warm_for_cell() and fake_cupti.enabled == set()  # not attached: the trace attaches
+    ready(fake_cupti, monkeypatch)
+    monkeypatch.setattr(cupti_mod, "other_client", lambda: "torch.profiler is recording (it holds CUPTI)")
+    assert not cupti_mod.warm_for_cell() and fake_cupti.enabled == set()
+    monkeypatch.setattr(cupti_mod, "other_client", lambda: "")
+    cupti_mod.block(fake_cupti, "a persistent kernel runs")
+    assert not cupti_mod.warm_for_cell() and fake_cupti.enabled == set()
+    cupti_mod.unblock(fake_cupti)
+    monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", False)
+    assert cupti_mod.warm_for_cell() and len(fake_cupti.enabled) == 6  # parked, not primed
+    assert cupti_mod.prime_here() == 0
+
+
+def test_the_pre_run_hook_readies_cupti_for_cells_that_trace_and_lets_it_go_for_the_others(monkeypatch):
+    from gpuworkbench import magics
+
+    calls = []
+    monkeypatch.setattr(cupti_mod, "settle", lambda timeout_s=1.0: True)
+    monkeypatch.setattr(cupti_mod, "CELL_RUNNING", False)
+    monkeypatch.setattr(cupti_mod, "warm_for_cell", lambda: calls.append("warm") or True)
+    monkeypatch.setattr(cupti_mod, "let_go", lambda: calls.append("let go") or True)
+    monkeypatch.setattr(cupti_mod, "lingering", lambda after_trace=False: True)
+    monkeypatch.setattr(magics, "_let_go_in_cell", False)
+
+    def cell(source: str) -> list[str]:
+        calls.clear()
+        magics._let_go_before_untraced_cell(types.SimpleNamespace(raw_cell=source))
+        assert cupti_mod.CELL_RUNNING
+        return list(calls)
+
+    assert cell("%%gpu\nx = cp.ones(10)") == ["warm"]
+    assert cell("with gw.trace() as t:\n    pipe.run(a, b)") == ["warm"]
+    assert cell("%gpu cupti") == []  # asks where CUPTI stands: left as it is
+    assert cell("x = cp.ones(10)") == ["let go"] and magics._let_go_in_cell
+    monkeypatch.setattr(cupti_mod, "lingering", lambda after_trace=False: False)
+    assert cell("x = cp.ones(10)") == []
+
+
+def test_a_prime_on_the_users_thread_keeps_the_primer_thread_named():
+    from gpuworkbench.trace.cupti_prime import Primer
+
+    primer = Primer()
+    primer.prime(None)
+    named = primer.threads
+    assert named == frozenset({threading.get_ident() & 0xFFFFFFFF})
+    done = []
+    other = threading.Thread(target=lambda: done.append(primer.prime(None, drop_calls=False)))
+    other.start()
+    other.join()
+    assert done == [0] and primer.threads == named and primer.rounds == 2

@@ -65,6 +65,8 @@ class ExitDetach:
         self._domain_on = False  # the driver API's callbacks are enabled (armed, watching, or a watch that fired)
         self._work = b""
         self._on_work: Callable[[], None] | None = None
+        #: A thread whose work the watch does not report (``threading.get_ident``; 0: none): ours, priming.
+        self.ignored_thread = 0
         #: Set once CUPTI is finalized (or the attempt failed: ``status``).
         self.done = threading.Event()
         self.finalized = False
@@ -128,7 +130,7 @@ class ExitDetach:
         """A call's exit while watching: the first one that enqueues work reports it (once; two threads at once may
         both report, which ``on_work`` must allow)."""
         work = self._work
-        if cbid >= len(work) or not work[cbid] or not self.watching:
+        if cbid >= len(work) or not work[cbid] or not self.watching or threading.get_ident() == self.ignored_thread:
             return
         self.watching = False
         on_work = self._on_work

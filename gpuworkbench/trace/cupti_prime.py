@@ -16,8 +16,9 @@ they go with their context. A device is primed only where CUPTI names the stream
 at every prime: ids may change when CUPTI is let go and initialized again), so that its records can be dropped.
 Nothing waits for the primer's work. ``cupti.py`` primes on a thread of its own after the park (~0.5 ms of priming
 would otherwise hold up the next trace's start, which waits for the last trace's harvester) and drops the primer's
-records: its streams' work, its allocations and its thread's API calls. Nothing here imports cupti-python or a CUDA
-library: libcuda via ctypes.
+records: its streams' work, its allocations and its thread's API calls. Where the user's own thread waits for no
+trace (``%load_ext``, a notebook cell's pre-run hook) it primes there too, since part of the cost is per thread.
+Nothing here imports cupti-python or a CUDA library: libcuda via ctypes.
 """
 
 from __future__ import annotations
@@ -106,13 +107,16 @@ class Primer:
                 active.append(ordinal)
         return active
 
-    def prime(self, cupti_lib: Any = None) -> int:
+    def prime(self, cupti_lib: Any = None, drop_calls: bool = True) -> int:
         """Enqueue the copy and memset on each active device whose stream CUPTI names (the caller holds ``lock``);
         the number of devices primed. ``cupti_lib``: libcupti through ctypes, CUPTI attached (None: nothing is
-        primed). Never raises: a failure is kept in ``error``."""
+        primed). ``drop_calls``: this thread's API calls are the primer's (``threads``); False where this is the
+        user's thread, primed before a trace takes the source over (its calls then end before the cutoff). Never
+        raises: a failure is kept in ``error``."""
         self.primed = 0
         self.rounds += 1
-        self.threads = frozenset({threading.get_ident() & 0xFFFFFFFF})
+        if drop_calls:
+            self.threads = frozenset({threading.get_ident() & 0xFFFFFFFF})
         streams = set()
         try:
             lib = self._load()

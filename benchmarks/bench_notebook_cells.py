@@ -1,0 +1,201 @@
+"""What a traced notebook cell costs around one 16 x 64 MiB pipeline run, in a real IPython shell with
+``%load_ext gpuworkbench`` (its pre- and post-run hooks), against the same cell untraced (needs a CUDA GPU, CuPy and
+cupti-python).
+
+    python benchmarks/bench_notebook_cells.py [--rounds 12] [--json out.json]
+
+Per round, in alternating order, each mode runs its cells before (4 batches each) and then the timed cell, 0.2 s
+apart as a user's cells are:
+``untraced after an untraced cell`` (the baseline); ``traced after an untraced cell`` (CUPTI *ready*: the cell's
+pre-run hook parks and primes a source for its trace); ``traced after traced cells`` (the last trace's source
+lingers); ``untraced after a traced cell`` (the pre-run hook lets the lingering source go); ``traced after the linger
+ran out`` (``cupti.LINGER_S`` 0.05 s for the cells before: let go, then *ready* again 0.1 s later).
+
+``--first N``: instead, N fresh processes of each kind, alternating: ``%load_ext``, a setup cell, 1 s, then the
+process's first traced cell, or the same cell untraced; paired medians of the body and the pre-run hooks.
+
+Each row gives the timed cell's body (its own clock, as ``%%time`` would), the whole ``run_cell`` (IPython's work
+and every hook included), and our pre- and post-run hooks alone, as medians, and the body's paired difference to the
+baseline of the same round. Traced cells are checked to hold all 16 kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_any_cuda import pipeline_setup  # noqa: E402
+
+GAP_S = 0.2
+TRACED = "_t0 = _clock()\nwith gw.trace() as _t:\n    pipe.run({inputs}, {outputs})\n_ms = (_clock() - _t0) / 1e6"
+UNTRACED = "_t0 = _clock()\npipe.run({inputs}, {outputs})\n_ms = (_clock() - _t0) / 1e6\n_t = None"
+MODES = {
+    "untraced after an untraced cell": (["untraced"], "untraced"),
+    "traced after an untraced cell": (["untraced"], "traced"),
+    "traced after traced cells": (["traced", "traced"], "traced"),
+    "untraced after a traced cell": (["traced"], "untraced"),
+    "traced after the linger ran out": (["traced"], "traced"),
+}
+
+
+class HookClock:
+    """Times our hooks: one callback registered before ``%load_ext`` (first to run) and one after (last)."""
+
+    def __init__(self) -> None:
+        self.t0 = 0
+        self.ms: dict[str, float] = {}
+
+    def start(self, *_args) -> None:
+        self.t0 = time.perf_counter_ns()
+
+    def stop(self, event: str):
+        def done(*_args) -> None:
+            self.ms[event] = (time.perf_counter_ns() - self.t0) / 1e6
+
+        return done
+
+
+def cell(kind: str, batches: int | None) -> str:
+    inputs, outputs = ("inputs", "outputs") if batches is None else (f"inputs[:{batches}]", f"outputs[:{batches}]")
+    return (TRACED if kind == "traced" else UNTRACED).format(inputs=inputs, outputs=outputs)
+
+
+def notebook():
+    """A real IPython shell after ``%load_ext gpuworkbench`` and the pipeline's set-up: (shell, hook clock, gw,
+    inputs)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    hooks = HookClock()
+    for event in ("pre_run_cell", "post_run_cell"):
+        shell.events.register(event, hooks.start)
+    shell.run_cell("%load_ext gpuworkbench", store_history=False).raise_error()
+    for event in ("pre_run_cell", "post_run_cell"):
+        shell.events.register(event, hooks.stop(event))
+    gw, _dev, pipe, inputs, outputs = pipeline_setup()
+    shell.user_ns.update(gw=gw, pipe=pipe, inputs=inputs, outputs=outputs, _clock=time.perf_counter_ns)
+    return shell, hooks, gw, inputs
+
+
+def child(kind: str) -> None:
+    """One fresh process: its first cell after the set-up, traced or not, 1 s later."""
+    shell, hooks, _gw, _inputs = notebook()
+    time.sleep(1.0)
+    shell.run_cell(cell(kind, None), store_history=False).raise_error()
+    print(json.dumps({"body": shell.user_ns["_ms"], "pre": hooks.ms["pre_run_cell"]}), flush=True)
+
+
+def first(count: int) -> list[dict]:
+    import subprocess
+
+    got: dict[str, list[dict]] = {"untraced": [], "traced": []}
+    for r in range(count):
+        for kind in ("untraced", "traced") if r % 2 == 0 else ("traced", "untraced"):
+            p = subprocess.run([sys.executable, __file__, "--child", kind], capture_output=True, text=True)
+            try:
+                got[kind].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            except (IndexError, ValueError):
+                raise SystemExit(f"{kind} child failed: {p.stderr[-2000:]}") from None
+    pairs = list(zip(got["traced"], got["untraced"]))
+    out = {
+        "what": "first cell of a process after %load_ext, traced against untraced (fresh processes)",
+        "untraced_body_ms_median": round(statistics.median(u["body"] for u in got["untraced"]), 3),
+        "traced_body_ms_median": round(statistics.median(t["body"] for t in got["traced"]), 3),
+        "body_delta_ms_median_of_pairs": round(statistics.median(t["body"] - u["body"] for t, u in pairs), 3),
+        "body_ratio_median_of_pairs": round(statistics.median(t["body"] / u["body"] for t, u in pairs), 4),
+        "pre_run_hooks_ms_median": {k: round(statistics.median(x["pre"] for x in v), 3) for k, v in got.items()},
+        "traced_all": [round(t["body"], 2) for t in got["traced"]],
+        "untraced_all": [round(u["body"], 2) for u in got["untraced"]],
+    }
+    print(json.dumps(out), flush=True)
+    return [out]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--first", type=int, default=0, help="fresh processes of each kind instead (see above)")
+    parser.add_argument("--child", choices=("traced", "untraced"), help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    if args.first:
+        results = first(args.first)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return
+    from gpuworkbench.trace.spans import KIND_CODE
+
+    shell, hooks, gw, inputs = notebook()
+    cupti = gw.cupti
+    linger_s = cupti.LINGER_S
+    rows: dict[str, dict[str, list[float]]] = {m: {"body": [], "cell": [], "pre": [], "post": []} for m in MODES}
+    states: dict[str, dict[str, int]] = {m: {} for m in MODES}
+    names = list(MODES)
+    for r in range(args.rounds):
+        for mode in names if r % 2 == 0 else names[::-1]:
+            before, timed = MODES[mode]
+            if mode == "traced after the linger ran out":
+                cupti.LINGER_S = 0.05
+            for kind in before:
+                result = shell.run_cell(cell(kind, 4), store_history=False)
+                result.raise_error()
+                if shell.user_ns["_t"] is not None:
+                    shell.user_ns["_t"].wait_pending()  # its harvester parks the source as it ends
+                time.sleep(0.05)
+            cupti.LINGER_S = linger_s
+            time.sleep(GAP_S + (0.3 if mode == "traced after the linger ran out" else 0.0))
+            state = cupti.state().split(":")[0]
+            states[mode][state] = states[mode].get(state, 0) + 1
+            t0 = time.perf_counter_ns()
+            result = shell.run_cell(cell(timed, None), store_history=False)
+            total = (time.perf_counter_ns() - t0) / 1e6
+            result.raise_error()
+            trace = shell.user_ns["_t"]
+            if trace is not None:
+                trace.wait_pending()
+                kernels = int((trace.table()["kind"] == KIND_CODE["kernel"]).sum()) if len(trace) else 0
+                if kernels < len(inputs):
+                    raise SystemExit(f"{mode}: the trace holds {kernels} kernels, {len(inputs)} launched")
+            row = rows[mode]
+            row["body"].append(shell.user_ns["_ms"])
+            row["cell"].append(total)
+            row["pre"].append(hooks.ms["pre_run_cell"])
+            row["post"].append(hooks.ms["post_run_cell"])
+    base = rows["untraced after an untraced cell"]
+    results = []
+    for mode in MODES:
+        row = rows[mode]
+
+        def paired(key: str, op, row=row) -> float:
+            return round(statistics.median(op(a, b) for a, b in zip(row[key], base[key])), 4)
+
+        out = {
+            "what": f"cell around pipeline 16x64MiB: {mode}",
+            "body_ms_median": round(statistics.median(row["body"]), 3),
+            "body_delta_ms_median_of_rounds": paired("body", lambda a, b: a - b),
+            "body_ratio_median_of_rounds": paired("body", lambda a, b: a / b),
+            "cell_ms_median": round(statistics.median(row["cell"]), 3),
+            "cell_delta_ms_median_of_rounds": paired("cell", lambda a, b: a - b),
+            "pre_run_hooks_ms_median": round(statistics.median(row["pre"]), 3),
+            "post_run_hooks_ms_median": round(statistics.median(row["post"]), 3),
+            "cupti_state_before": states[mode],
+            "body_all": [round(x, 2) for x in row["body"]],
+        }
+        results.append(out)
+        print(json.dumps(out), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
