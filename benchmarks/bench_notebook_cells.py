@@ -14,6 +14,9 @@ ran out`` (``cupti.LINGER_S`` 0.05 s for the cells before: let go, then *ready* 
 ``--first N``: instead, N fresh processes of each kind, alternating: ``%load_ext``, a setup cell, 1 s, then the
 process's first traced cell, or the same cell untraced; paired medians of the body and the pre-run hooks.
 
+Three more modes time a loop of 2000 empty CuPy launches the same way: untraced after an untraced cell (their
+baseline), untraced after a traced cell, traced after traced cells.
+
 Each row gives the timed cell's body (its own clock, as ``%%time`` would), the whole ``run_cell`` (IPython's work
 and every hook included), and our pre- and post-run hooks alone, as medians, and the body's paired difference to the
 baseline of the same round. Traced cells are checked to hold all 16 kernels.
@@ -32,14 +35,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_any_cuda import pipeline_setup  # noqa: E402
 
 GAP_S = 0.2
-TRACED = "_t0 = _clock()\nwith gw.trace() as _t:\n    pipe.run({inputs}, {outputs})\n_ms = (_clock() - _t0) / 1e6"
-UNTRACED = "_t0 = _clock()\npipe.run({inputs}, {outputs})\n_ms = (_clock() - _t0) / 1e6\n_t = None"
+PIPELINE = "pipe.run({inputs}, {outputs})"
+LAUNCHES = "for _ in range({launches}):\n    _empty((1,), (1,), ())\n_sync()"
+TRACED = "_t0 = _clock()\nwith gw.trace() as _t:\n    {work}\n_ms = (_clock() - _t0) / 1e6"
+UNTRACED = "_t0 = _clock()\n{work}\n_ms = (_clock() - _t0) / 1e6\n_t = None"
+LAUNCH_COUNT = 2000
+#: mode: (the cells before it, the timed cell, its work); each work's first mode is the baseline of its rows
 MODES = {
-    "untraced after an untraced cell": (["untraced"], "untraced"),
-    "traced after an untraced cell": (["untraced"], "traced"),
-    "traced after traced cells": (["traced", "traced"], "traced"),
-    "untraced after a traced cell": (["traced"], "untraced"),
-    "traced after the linger ran out": (["traced"], "traced"),
+    "untraced after an untraced cell": (["untraced"], "untraced", "pipeline"),
+    "traced after an untraced cell": (["untraced"], "traced", "pipeline"),
+    "traced after traced cells": (["traced", "traced"], "traced", "pipeline"),
+    "untraced after a traced cell": (["traced"], "untraced", "pipeline"),
+    "traced after the linger ran out": (["traced"], "traced", "pipeline"),
+    "empty launches, untraced after an untraced cell": (["untraced"], "untraced", "launches"),
+    "empty launches, untraced after a traced cell": (["traced"], "untraced", "launches"),
+    "empty launches, traced after traced cells": (["traced", "traced"], "traced", "launches"),
 }
 
 
@@ -60,9 +70,17 @@ class HookClock:
         return done
 
 
-def cell(kind: str, batches: int | None) -> str:
-    inputs, outputs = ("inputs", "outputs") if batches is None else (f"inputs[:{batches}]", f"outputs[:{batches}]")
-    return (TRACED if kind == "traced" else UNTRACED).format(inputs=inputs, outputs=outputs)
+def cell(kind: str, batches: int | None, work: str = "pipeline") -> str:
+    """A cell's source: ``work`` (all 16 pipeline batches, or ``batches`` of them; or the launch loop), traced or not,
+    timed by its own clock into ``_ms``."""
+    if work == "launches":
+        body = LAUNCHES.format(launches=LAUNCH_COUNT if batches is None else 200)
+    else:
+        inputs, outputs = ("inputs", "outputs") if batches is None else (f"inputs[:{batches}]", f"outputs[:{batches}]")
+        body = PIPELINE.format(inputs=inputs, outputs=outputs)
+    if kind == "traced":
+        return TRACED.format(work=body.replace("\n", "\n    "))
+    return UNTRACED.format(work=body)
 
 
 def notebook():
@@ -78,7 +96,11 @@ def notebook():
     for event in ("pre_run_cell", "post_run_cell"):
         shell.events.register(event, hooks.stop(event))
     gw, _dev, pipe, inputs, outputs = pipeline_setup()
+    import cupy as cp
+
+    empty = cp.RawKernel('extern "C" __global__ void e() {}', "e")
     shell.user_ns.update(gw=gw, pipe=pipe, inputs=inputs, outputs=outputs, _clock=time.perf_counter_ns)
+    shell.user_ns.update(_empty=empty, _sync=cp.cuda.Device().synchronize)
     return shell, hooks, gw, inputs
 
 
@@ -142,11 +164,11 @@ def main() -> None:
     names = list(MODES)
     for r in range(args.rounds):
         for mode in names if r % 2 == 0 else names[::-1]:
-            before, timed = MODES[mode]
+            before, timed, work = MODES[mode]
             if mode == "traced after the linger ran out":
                 cupti.LINGER_S = 0.05
             for kind in before:
-                result = shell.run_cell(cell(kind, 4), store_history=False)
+                result = shell.run_cell(cell(kind, 4, work), store_history=False)
                 result.raise_error()
                 if shell.user_ns["_t"] is not None:
                     shell.user_ns["_t"].wait_pending()  # its harvester parks the source as it ends
@@ -156,30 +178,31 @@ def main() -> None:
             state = cupti.state().split(":")[0]
             states[mode][state] = states[mode].get(state, 0) + 1
             t0 = time.perf_counter_ns()
-            result = shell.run_cell(cell(timed, None), store_history=False)
+            result = shell.run_cell(cell(timed, None, work), store_history=False)
             total = (time.perf_counter_ns() - t0) / 1e6
             result.raise_error()
             trace = shell.user_ns["_t"]
             if trace is not None:
                 trace.wait_pending()
                 kernels = int((trace.table()["kind"] == KIND_CODE["kernel"]).sum()) if len(trace) else 0
-                if kernels < len(inputs):
-                    raise SystemExit(f"{mode}: the trace holds {kernels} kernels, {len(inputs)} launched")
+                launched = len(inputs) if work == "pipeline" else LAUNCH_COUNT
+                if kernels < launched:
+                    raise SystemExit(f"{mode}: the trace holds {kernels} kernels, {launched} launched")
             row = rows[mode]
             row["body"].append(shell.user_ns["_ms"])
             row["cell"].append(total)
             row["pre"].append(hooks.ms["pre_run_cell"])
             row["post"].append(hooks.ms["post_run_cell"])
-    base = rows["untraced after an untraced cell"]
     results = []
     for mode in MODES:
         row = rows[mode]
+        base = rows[next(m for m in MODES if MODES[m][2] == MODES[mode][2])]
 
-        def paired(key: str, op, row=row) -> float:
+        def paired(key: str, op, row=row, base=base) -> float:
             return round(statistics.median(op(a, b) for a, b in zip(row[key], base[key])), 4)
 
         out = {
-            "what": f"cell around pipeline 16x64MiB: {mode}",
+            "what": f"cell around {'pipeline 16x64MiB' if MODES[mode][2] == 'pipeline' else '2000 launches'}: {mode}",
             "body_ms_median": round(statistics.median(row["body"]), 3),
             "body_delta_ms_median_of_rounds": paired("body", lambda a, b: a - b),
             "body_ratio_median_of_rounds": paired("body", lambda a, b: a / b),
@@ -189,6 +212,11 @@ def main() -> None:
             "post_run_hooks_ms_median": round(statistics.median(row["post"]), 3),
             "cupti_state_before": states[mode],
             "body_all": [round(x, 2) for x in row["body"]],
+            **(
+                {"us_per_launch_median": round(statistics.median(row["body"]) * 1e3 / LAUNCH_COUNT, 3)}
+                if MODES[mode][2] == "launches"
+                else {}
+            ),
         }
         results.append(out)
         print(json.dumps(out), flush=True)

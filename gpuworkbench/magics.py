@@ -80,10 +80,9 @@ def register(ipython: Any) -> None:
     if _number_cells not in ipython.events.callbacks["post_run_cell"]:
         # before the comm's own post_run_cell hook (registered after this), so the panel sees the right number
         ipython.events.register("post_run_cell", _number_cells)
-    if _let_go_before_untraced_cell not in ipython.events.callbacks["pre_run_cell"]:
-        ipython.events.register("pre_run_cell", _let_go_before_untraced_cell)
-    if _reattach_after_cell not in ipython.events.callbacks["post_run_cell"]:
-        ipython.events.register("post_run_cell", _reattach_after_cell)
+    if _ready_cupti_for_cell not in ipython.events.callbacks["pre_run_cell"]:
+        ipython.events.register("pre_run_cell", _ready_cupti_for_cell)
+    cupti.NOTEBOOK = True  # CUPTI is attached for the cells that trace, before they run, not on a timer
 
 
 #: Words in a cell's source that say it traces (or asks about CUPTI): CUPTI lingering after a trace is kept for it.
@@ -92,41 +91,19 @@ _TRACING_WORDS = ("%%gpu", "%gpu live", "%gpu cupti", "trace(", "gw.dask", ".liv
 _TRACES_HERE = ("%%gpu", "%gpu live", "trace(", ".live(")
 
 
-_let_go_in_cell = False
-
-
-def _let_go_before_untraced_cell(info: Any) -> None:
-    """Before a cell that does not trace, let go the CUPTI a trace left lingering: it would slow every CUDA call of the
-    cell (an empty launch 1.5 ×) until its first launch, copy or memset lets it go. Cells that trace (or ask about
-    CUPTI: ``%gpu cupti``) keep it; so do the cells before the first trace, for which ``%load_ext`` parked one, until
-    one launches work. Before a cell that traces, CUPTI is made ready for its trace here, outside the cell's time
-    (``cupti.warm_for_cell``: a source parked where CUPTI was only *ready*, primed on this thread), so that the trace
-    takes a source over. Runs on the kernel's thread, after waiting (up to 1 s) for a re-initialization of CUPTI due
-    after the last cell; marks the cell as running (``cupti.CELL_RUNNING``); a trace that still records keeps
-    CUPTI."""
-    global _let_go_in_cell
-    cupti.settle(1.0)
-    cupti.CELL_RUNNING = True
+def _ready_cupti_for_cell(info: Any) -> None:
+    """Before each cell, on the kernel's thread, outside the cell's own time: for a cell that traces, attach CUPTI if
+    it was let go, park a source for the cell's trace to take over and prime it on this thread
+    (``cupti.warm_for_cell``); for a cell that does not, let go a CUPTI that lingers (after a trace, or parked by
+    ``%load_ext``) or is ready, which would slow every CUDA call of the cell (an empty launch 1.5 × while a source
+    lingers, a few % when ready), so that it runs as in a process that never traced. Cells that ask about CUPTI
+    (``%gpu cupti``) or trace on Dask workers leave it as it is; so does a trace that still records (a live view)."""
+    cupti.settle(1.0)  # a re-initialization under way (one armed before %load_ext)
     source = getattr(info, "raw_cell", "") or ""
     if any(word in source for word in _TRACES_HERE):
         cupti.warm_for_cell()
-        return
-    if not cupti.lingering(after_trace=True) or any(word in source for word in _TRACING_WORDS):
-        return
-    _let_go_in_cell = cupti.let_go()
-
-
-def _reattach_after_cell(_result: Any) -> None:
-    """After a cell before which or in which CUPTI was let go (untraced work met a lingering source, or the linger
-    ran out): initialize it again (no kind on) on a thread of ours while the kernel waits for the next cell, so that a
-    tracing cell later only enables its kinds (~0.3 ms, not ~12–16 ms); not where ``cupti.REATTACH_S`` is None. A
-    let-go between cells re-initializes ``REATTACH_S`` later by itself."""
-    global _let_go_in_cell
-    cupti.CELL_RUNNING = False
-    due = cupti.reattach_due()
-    if (_let_go_in_cell or due) and cupti.REATTACH_S is not None:
-        cupti.reattach_soon(0.0)
-    _let_go_in_cell = False
+    elif not any(word in source for word in _TRACING_WORDS) and (cupti.lingering() or cupti.ready()):
+        cupti.let_go()
 
 
 def _number_cells(result: Any) -> None:

@@ -47,3 +47,13 @@ def opencl() -> gw.Device:
 def gate(cpu: gw.Device) -> Iterator[Gate]:
     with Gate(cpu) as g:
         yield g
+
+
+@pytest.fixture(autouse=True)
+def _cupti_outside_notebooks() -> Iterator[None]:
+    """``%load_ext`` (run by the magics tests' shell) marks the process as a notebook for CUPTI's lifetime: the mark
+    is taken off after each test, so that the tests after it see a script's CUPTI."""
+    from gpuworkbench.trace import cupti
+
+    yield
+    cupti.NOTEBOOK = False

@@ -359,6 +359,7 @@ x = cp.ones(1 << 16, cp.float32)
 inside(x, x)
 cp.cuda.Device().synchronize()
 found = []
+untraced = []
 ''')
 TRACED = '''
 state = gw.cupti.state().split(":")[0]
@@ -373,21 +374,24 @@ tiny = int(((table["bytes"] == 4) & np.isin(table["kind"], [KIND_CODE["h2d"], KI
 found.append([state, names, int((table["kind"] == KIND_CODE["d2h"]).sum()), tiny, [c for c in calls if "Memset" in c]])
 '''
 for _ in range(3):
-    run("y = x * 2\\ncp.cuda.Device().synchronize()")  # untraced: CUPTI is let go in it, ready after it
+    run("untraced.append(gw.cupti.state().split(':')[0])\\ny = x * 2\\ncp.cuda.Device().synchronize()")
     run(TRACED)
 run(TRACED)  # after a traced cell
+print(json.dumps(shell.user_ns["untraced"]))
 print(json.dumps(shell.user_ns["found"]))
 """
 
 
 def test_a_traced_cell_after_an_untraced_one_takes_over_a_source_readied_before_it_ran(cp):
-    """In IPython with ``%load_ext`` (a fresh process): before each cell that traces, the pre-run hook parks a source
-    where CUPTI was only ready and primes it on the kernel's thread, so the cell's trace takes it over; the trace
-    holds the cell's kernel and copy, and none of the prime's work or calls."""
+    """In IPython with ``%load_ext`` (a fresh process): before each cell that does not trace, the pre-run hook lets
+    CUPTI go (the one ``%load_ext`` parked, or the last trace's); before each cell that traces, it attaches CUPTI,
+    parks a source and primes it on the kernel's thread, so the cell's trace takes it over; the trace holds the
+    cell's kernel and copy, and none of the prime's work or calls."""
     pytest.importorskip("IPython")
     out = subprocess.run([sys.executable, "-c", _NOTEBOOK_CELLS], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
-    found = json.loads(out.stdout.strip().splitlines()[-1])
+    untraced, found = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
+    assert untraced == ["not attached"] * 3, untraced
     assert [f[0] for f in found] == ["lingering"] * 4, found
     for _state, names, d2h, tiny, memsets in found:
         assert sum("inside_the_cell" in n for n in names) == 1 and d2h == 1, found

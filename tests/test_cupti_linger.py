@@ -127,7 +127,7 @@ def fake_cupti(monkeypatch):
     monkeypatch.setattr(cupti_mod, "_FRESH", False)
     monkeypatch.setattr(cupti_mod, "LINGER_S", 60.0)
     monkeypatch.setattr(cupti_mod, "REATTACH_S", None)
-    monkeypatch.setattr(cupti_mod, "CELL_RUNNING", False)  # as in a script
+    monkeypatch.setattr(cupti_mod, "NOTEBOOK", False)  # as in a script
     monkeypatch.setattr(cupti_mod, "_BLOCKERS", {})
     monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", False)  # a park watches at once (priming: its own tests)
     monkeypatch.setattr(cupti_mod, "QUIET_BY", "linger")  # these sources run without a trace's harvest thread
@@ -415,17 +415,22 @@ def test_a_fired_watch_leaves_no_callback_on_once_disarmed():
     assert d.disarm() and not lib.domain_on and lib.calls[-1] == "domain 1 0"
 
 
-def test_a_let_go_while_a_cell_runs_waits_for_the_cell_to_end(fake_cupti, monkeypatch):
-    """In a notebook (``CELL_RUNNING``) a let-go re-initializes after the cell (``reattach_due``), not on a timer
-    that could stall the cell's launches."""
+def test_in_a_notebook_a_let_go_is_not_followed_by_a_reattach_and_a_traced_cell_attaches(fake_cupti, monkeypatch):
+    """In a notebook (``NOTEBOOK``) a let-go is not followed by a re-initialization on a timer (it could stall a
+    running cell's launches, and untraced cells would pay *ready*'s cost): the next cell that traces attaches CUPTI
+    in its pre-run hook (``warm_for_cell``) and parks a source for its trace."""
     monkeypatch.setattr(cupti_mod, "REATTACH_S", 0.01)
-    monkeypatch.setattr(cupti_mod, "CELL_RUNNING", True)
+    monkeypatch.setattr(cupti_mod, "NOTEBOOK", True)
     monkeypatch.setattr(cupti_mod, "LINGER_S", 0.0)
+    monkeypatch.setattr(cupti_mod.CuptiSource, "_setup_tables", lambda self, cupti: None)
     lib = linger_out(fake_cupti)
     lib.api_call()
     assert cupti_mod.detached() and not cupti_mod._REATTACH.armed
     time.sleep(0.05)
-    assert fake_cupti.raw.registered == 1 and cupti_mod.reattach_due() and not cupti_mod.reattach_due()
+    assert fake_cupti.raw.registered == 1 and cupti_mod.detached()
+    monkeypatch.setattr(cupti_mod, "LINGER_S", 60.0)
+    assert cupti_mod.warm_for_cell()
+    assert fake_cupti.raw.registered == 2 and cupti_mod.lingering() and len(fake_cupti.enabled) == 6
 
 
 def test_a_park_primes_on_its_own_thread_then_watches_unless_taken_over_first(fake_cupti, monkeypatch):
@@ -578,31 +583,6 @@ def test_warm_for_cell_leaves_cupti_alone_where_it_is_not_ready(fake_cupti, monk
     monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", False)
     assert cupti_mod.warm_for_cell() and len(fake_cupti.enabled) == 6  # parked, not primed
     assert cupti_mod.prime_here() == 0
-
-
-def test_the_pre_run_hook_readies_cupti_for_cells_that_trace_and_lets_it_go_for_the_others(monkeypatch):
-    from gpuworkbench import magics
-
-    calls = []
-    monkeypatch.setattr(cupti_mod, "settle", lambda timeout_s=1.0: True)
-    monkeypatch.setattr(cupti_mod, "CELL_RUNNING", False)
-    monkeypatch.setattr(cupti_mod, "warm_for_cell", lambda: calls.append("warm") or True)
-    monkeypatch.setattr(cupti_mod, "let_go", lambda: calls.append("let go") or True)
-    monkeypatch.setattr(cupti_mod, "lingering", lambda after_trace=False: True)
-    monkeypatch.setattr(magics, "_let_go_in_cell", False)
-
-    def cell(source: str) -> list[str]:
-        calls.clear()
-        magics._let_go_before_untraced_cell(types.SimpleNamespace(raw_cell=source))
-        assert cupti_mod.CELL_RUNNING
-        return list(calls)
-
-    assert cell("%%gpu\nx = cp.ones(10)") == ["warm"]
-    assert cell("with gw.trace() as t:\n    pipe.run(a, b)") == ["warm"]
-    assert cell("%gpu cupti") == []  # asks where CUPTI stands: left as it is
-    assert cell("x = cp.ones(10)") == ["let go"] and magics._let_go_in_cell
-    monkeypatch.setattr(cupti_mod, "lingering", lambda after_trace=False: False)
-    assert cell("x = cp.ones(10)") == []
 
 
 def test_a_prime_on_the_users_thread_keeps_the_primer_thread_named():

@@ -223,31 +223,29 @@ def test_gpu_cupti_says_where_cupti_stands_and_releases_it(shell, capsys):
     assert "unknown argument 'now'" in capsys.readouterr().err
 
 
-def test_a_cell_that_does_not_trace_lets_a_lingering_cupti_go_first(shell, monkeypatch):
+def test_a_cell_that_does_not_trace_lets_cupti_go_first_and_one_that_traces_gets_it_ready(shell, monkeypatch):
     """CUPTI lingers after a trace for the next to start free, but slows every CUDA call meanwhile: a cell that does
-    not trace lets it go before it runs; a traced cell keeps it."""
+    not trace lets it go before it runs (also where it is only ready); a cell that traces gets a source readied for
+    its trace before it runs; a cell asking about CUPTI leaves it as it is. Nothing is re-initialized on a timer."""
     from gpuworkbench.trace import cupti
 
-    released: list[bool] = []
-    reattached: list[float] = []
+    calls: list[str] = []
     monkeypatch.setattr(cupti, "lingering", lambda after_trace=False: True)
-    monkeypatch.setattr(cupti, "let_go", lambda: released.append(True) or True)
-    monkeypatch.setattr(cupti, "reattach_soon", reattached.append)
+    monkeypatch.setattr(cupti, "ready", lambda: False)
+    monkeypatch.setattr(cupti, "let_go", lambda: calls.append("let go") or True)
+    monkeypatch.setattr(cupti, "warm_for_cell", lambda: calls.append("warm") or True)
+    magics.register(shell)  # what %load_ext's first load did (the hooks are registered once)
+    assert cupti.NOTEBOOK
     shell.run_cell("plain = 1 + 1")
-    assert released == [True] and reattached == [0.0]  # initialized again once the cell has run
+    assert calls == ["let go"]
     shell.run_cell("%%gpu --no-show\nx = 2")
     shell.run_cell("import gpuworkbench as gw\nwith gw.trace():\n    pass")
-    assert released == [True] and reattached == [0.0]  # cells that trace keep the lingering CUPTI for their trace
+    assert calls == ["let go", "warm", "warm"]
+    shell.run_cell("%gpu cupti")  # asking where CUPTI stands does not change it
+    assert calls == ["let go", "warm", "warm"]
     monkeypatch.setattr(cupti, "lingering", lambda after_trace=False: False)
     shell.run_cell("plain = 3")
-    assert released == [True] and reattached == [0.0]  # nothing lingers: nothing to let go
-    monkeypatch.setattr(cupti, "_LET_GO_AT_EXIT", True)  # the cell's untraced work let a lingering source go
-    monkeypatch.setattr(cupti, "_ATTACHED", False)
+    assert calls == ["let go", "warm", "warm"]  # nothing lingers or is ready: nothing to let go
+    monkeypatch.setattr(cupti, "ready", lambda: True)
     shell.run_cell("plain = 4")
-    assert reattached == [0.0, 0.0] and not cupti._LET_GO_AT_EXIT and not cupti.CELL_RUNNING
-    monkeypatch.setattr(cupti, "lingering", lambda after_trace=False: True)
-    shell.run_cell("%gpu cupti")  # asking where CUPTI stands does not let it go first
-    assert released == [True]
-    monkeypatch.setattr(cupti, "REATTACH_S", None)  # GPUWB_CUPTI_REATTACH_S= : never initialized again
-    shell.run_cell("plain = 5")
-    assert released == [True, True] and reattached == [0.0, 0.0]
+    assert calls == ["let go", "warm", "warm", "let go"]

@@ -76,8 +76,8 @@ LINGER_S = float(os.environ.get("GPUWB_CUPTI_LINGER_S", "30"))
 #: Seconds after CUPTI was let go at a CUDA call's exit (the linger ran out, or untraced work met a lingering source)
 #: until it is initialized again on a thread of ours, with no kind on (``reattach_soon``): the next trace then only
 #: enables its kinds (~0.3 ms on an H200) rather than attaching (~12–16 ms), while an empty launch pays 1.03–1.04 ×
-#: what it pays with CUPTI let go (in one process; see docs/benchmarks.md). While a notebook cell runs
-#: (``CELL_RUNNING``) it waits for the cell's end instead. None: never (the next trace attaches).
+#: what it pays with CUPTI let go (in one process; see docs/benchmarks.md). Not in a notebook (``NOTEBOOK``).
+#: None: never (the next trace attaches).
 REATTACH_S: float | None = float(os.environ.get("GPUWB_CUPTI_REATTACH_S", "0.1") or "nan")
 if REATTACH_S != REATTACH_S:  # GPUWB_CUPTI_REATTACH_S= (empty): off
     REATTACH_S = None
@@ -93,10 +93,11 @@ PRIME_AT_PARK = os.environ.get("GPUWB_CUPTI_PRIME", "1") != "0"
 #: take-over: for sources started without a trace's harvest thread). ``GPUWB_CUPTI_QUIET_BY`` sets it.
 QUIET_BY = os.environ.get("GPUWB_CUPTI_QUIET_BY", "trace")
 _QUIET_DUE = False
-#: True while a notebook cell runs (set by ``%load_ext gpuworkbench``'s IPython hooks): a let-go then re-initializes
-#: once the cell has run (``reattach_due``, read after it), not ``REATTACH_S`` later, when the cell may still be
-#: launching: a re-initialization stalls other threads' CUDA calls (4–9 ms once on an H200, ``probes/cupti_attach.py``).
-CELL_RUNNING = False
+#: Set by ``%load_ext gpuworkbench``: its IPython hooks attach CUPTI before each cell that traces
+#: (``warm_for_cell``) and let it go before the others, so a let-go is not followed by a re-initialization
+#: ``REATTACH_S`` later, which could fall inside a running cell and stall its CUDA calls (4–9 ms once on an H200,
+#: ``probes/cupti_attach.py``) and would leave untraced cells paying *ready*'s cost.
+NOTEBOOK = False
 #: Flushes an activity record waits for its external id before it is handed out with ``external_id`` -1.
 HOLD_FLUSHES = 2
 #: Flushes an external-correlation entry is kept once an activity record has used it (graph launches share one).
@@ -1385,12 +1386,16 @@ def prime_here() -> int:
 
 
 def warm_for_cell() -> bool:
-    """Before a notebook cell that traces (its pre-run hook, on the kernel's thread): where CUPTI is *ready*, start a
-    source and park it, so that the cell's trace takes it over instead of enabling the kinds in the cell (~0.45 ms on
-    an H100); then prime the parked source on this thread (``prime_here``). True if a source is parked for the cell.
-    Nothing where a trace records, a block holds, another tool holds CUPTI, or CUPTI is neither ready nor lingering."""
-    if _ACTIVE is not None or _RAW is None or not _ATTACHED or blocked() or other_client():
+    """Before a notebook cell that traces (its pre-run hook, on the kernel's thread): where no source lingers, attach
+    CUPTI if it was let go (~12–16 ms) and start a source and park it, so that the cell's trace takes it over instead
+    of doing that in the cell (enabling the kinds alone took ~0.45 ms on an H100); then prime the parked source on
+    this thread (``prime_here``). True if a source is parked for the cell. Nothing where a trace records, a block
+    holds, another tool holds CUPTI, CUPTI was never set up (``prepare``) or is attached with its kinds off after
+    another tool."""
+    if _ACTIVE is not None or _RAW is None or blocked() or other_client():
         return False
+    if not _ATTACHED:
+        _reattach(_REATTACH_TOKEN)  # here, on the user's thread, between cells
     if _PARKED is None and _FRESH:
         with contextlib.suppress(Exception):  # a trace that cannot start CUPTI says why when it tries
             warm = CuptiSource()
@@ -1548,23 +1553,14 @@ def blocked() -> str:
 
 
 def _detached_at_exit() -> None:
-    """``cuptiFinalize`` ran at a CUDA call's exit: CUPTI is initialized again ``REATTACH_S`` later, off that thread,
-    or, while a notebook cell runs, once it has run (``reattach_due``)."""
-    global _LET_GO_AT_EXIT
-    timed = REATTACH_S is not None and not CELL_RUNNING
+    """``cuptiFinalize`` ran at a CUDA call's exit: CUPTI is initialized again ``REATTACH_S`` later, off that thread
+    (not in a notebook: the next cell that traces attaches it before it runs)."""
+    timed = REATTACH_S is not None and not NOTEBOOK
     if timed:
         _REATTACHED.clear()  # before ``detached()`` turns true: a ``settle`` then waits for the re-initialization
     _detached()
-    _LET_GO_AT_EXIT = True
     if timed:
         reattach_soon(REATTACH_S)
-
-
-def reattach_due() -> bool:
-    """Whether CUPTI was let go at a CUDA call's exit and not initialized again since (clears the mark)."""
-    global _LET_GO_AT_EXIT
-    due, _LET_GO_AT_EXIT = _LET_GO_AT_EXIT and not _ATTACHED, False
-    return due
 
 
 def reattach_soon(delay_s: float = 0.0) -> None:
@@ -1658,6 +1654,11 @@ def let_go() -> bool:
     return True
 
 
+def ready() -> bool:
+    """Whether CUPTI is *ready*: initialized again with no kind on, no source recording or lingering."""
+    return _ATTACHED and _FRESH and _PARKED is None and _ACTIVE is None
+
+
 def lingering(after_trace: bool = False) -> bool:
     """Whether a source lingers (attached, kinds on) for the next trace to take over; ``after_trace``: one a trace
     left, not the one ``prepare`` parked for the first trace of the process."""
@@ -1707,7 +1708,6 @@ _REATTACH = Deadline(_reattach, "gpuworkbench-cupti-reattach")
 _REATTACHED = threading.Event()
 _REATTACHED.set()
 _REATTACH_TOKEN = 0
-_LET_GO_AT_EXIT = False
 _BLOCKERS: dict[int, str] = {}
 
 
