@@ -11,6 +11,7 @@ import ast
 import html
 import inspect
 import os
+import re
 import shlex
 import sys
 import time
@@ -87,8 +88,9 @@ def register(ipython: Any) -> None:
 
 #: Words in a cell's source that say it traces (or asks about CUPTI): CUPTI lingering after a trace is kept for it.
 _TRACING_WORDS = ("%%gpu", "%gpu live", "%gpu cupti", "trace(", "gw.dask", ".live(")
-#: Of those, the words of a cell that traces on this process's GPUs: CUPTI is made ready for its trace before it runs.
-_TRACES_HERE = ("%%gpu", "%gpu live", "trace(", ".live(")
+#: A cell that traces on this process's GPUs (``gw.trace(``, not ``gw.load_trace(``): CUPTI is made ready for its trace
+#: before it runs.
+_TRACES_HERE = re.compile(r"%%gpu|%gpu live|\.live\(|(?<!\w)trace\(")
 
 
 def _ready_cupti_for_cell(info: Any) -> None:
@@ -100,7 +102,7 @@ def _ready_cupti_for_cell(info: Any) -> None:
     (``%gpu cupti``) or trace on Dask workers leave it as it is; so does a trace that still records (a live view)."""
     cupti.settle(1.0)  # a re-initialization under way (one armed before %load_ext)
     source = getattr(info, "raw_cell", "") or ""
-    if any(word in source for word in _TRACES_HERE):
+    if _TRACES_HERE.search(source):
         cupti.warm_for_cell()
     elif not any(word in source for word in _TRACING_WORDS) and (cupti.lingering() or cupti.ready()):
         cupti.let_go()
