@@ -530,30 +530,31 @@ def ready(fake_cupti, monkeypatch) -> None:
 
 
 def test_a_traced_cell_finds_a_source_parked_and_primed_on_its_own_thread(fake_cupti, monkeypatch):
-    """``warm_for_cell`` (a tracing cell's pre-run hook) parks a source where CUPTI was only ready, primes it on the
-    calling thread and not the prime thread; the cell's trace then takes it over without enabling anything."""
+    """``warm_for_cell`` (a tracing cell's pre-run hook) parks a source where CUPTI was only ready and primes it on
+    the calling thread, keeping that thread's calls (the prime thread primes too, its calls dropped); the cell's
+    trace then takes it over without enabling anything."""
     from gpuworkbench.trace.cupti_prime import PRIMER
 
     monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", True)
     primed = []
+    here = threading.get_ident()
     monkeypatch.setattr(
-        PRIMER, "prime", lambda lib, drop_calls=True: primed.append((threading.get_ident(), drop_calls))
+        PRIMER, "prime", lambda lib, drop_calls=True: primed.append((threading.get_ident() == here, drop_calls))
     )
     ready(fake_cupti, monkeypatch)
     assert cupti_mod.warm_for_cell()
     assert cupti_mod.lingering(after_trace=True) and len(fake_cupti.enabled) == 6
-    assert primed == [(threading.get_ident(), False)]  # this thread's calls stay in traces (before the cutoff)
-    assert cupti_mod._DETACH.watching  # at once: no prime thread to wait for
-    time.sleep(0.05)
-    assert len(primed) == 1
+    assert (True, False) in primed  # this thread's calls stay in traces (they end before the take-over's cutoff)
+    assert wait_for(lambda: len(primed) == 2 and cupti_mod._DETACH.watching)
+    assert sorted(primed) == [(False, True), (True, False)]
     fake_cupti.log.clear()
     trace_source = source()
     trace_source.start()
     assert fake_cupti.log == [] and cupti_mod._ACTIVE is trace_source
     assert not cupti_mod.warm_for_cell()  # a source records: nothing parked, nothing primed
     trace_source.stop()
-    assert cupti_mod.warm_for_cell() and len(primed) == 2  # lingering after a trace: primed here again
-    assert wait_for(lambda: len(primed) == 3)  # ... where the park's own prime thread primed too
+    assert cupti_mod.warm_for_cell()  # lingering after a trace: primed here again, and by the prime thread
+    assert wait_for(lambda: len(primed) == 4) and sorted(primed[2:]) == [(False, True), (True, False)]
 
 
 def test_the_watch_ignores_the_callers_own_prime_but_not_other_work(fake_cupti, monkeypatch):
@@ -564,6 +565,8 @@ def test_the_watch_ignores_the_callers_own_prime_but_not_other_work(fake_cupti, 
     monkeypatch.setattr(PRIMER, "prime", lambda cupti_lib, drop_calls=True: lib.api_call(WORK) or 1)
     ready(fake_cupti, monkeypatch)
     assert cupti_mod.warm_for_cell()
+    assert wait_for(lambda: cupti_mod._DETACH.watching)  # once the prime thread has primed
+    assert cupti_mod.prime_here() == 1  # this thread's prime, while watched: not untraced work
     assert cupti_mod.lingering() and cupti_mod._DETACH.watching and cupti_mod._DETACH.ignored_thread == 0
     worker = threading.Thread(target=lib.api_call, args=(WORK,))
     worker.start()

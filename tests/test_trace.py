@@ -273,7 +273,7 @@ def test_chrome_trace_export(device, tmp_path):
     assert {k: v for k, v in threads.items() if k[0] == 0} == {
         (0, s1.id + STREAM_OFFSET): f"stream {s1.id} up",
         (0, s2.id + STREAM_OFFSET): f"stream {s2.id} down",
-    }
+    }, (t.stats, [(c.source, c.note[:80]) for c in t.devices.values()])
     assert any(e["name"] == "process_labels" and e["pid"] == 0 for e in meta)
     # complete events: each device span on its device and stream row, allocations on the host row
     xs = [e for e in events if e["ph"] == "X"]

@@ -1400,7 +1400,7 @@ def warm_for_cell() -> bool:
         with contextlib.suppress(Exception):  # a trace that cannot start CUPTI says why when it tries
             warm = CuptiSource()
             warm.start()
-            warm.stop(prime_on_thread=False)
+            warm.stop()
     if _PARKED is None:
         return False
     prime_here()
@@ -1792,8 +1792,8 @@ def prepare() -> None:
             warm = CuptiSource()
             warm.warm_up = True
             warm.start()
-            warm.stop(prime_on_thread=False)
-            prime_here()  # on the user's thread: part of what the first op recorded after a park costs is per thread
+            warm.stop()  # primed on the prime thread, which then watches
+            prime_here()  # and on the user's thread: part of what the first recorded op pays after a park is per thread
 
 
 def _stop_active_at_exit() -> None:
