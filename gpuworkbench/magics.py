@@ -88,9 +88,9 @@ def register(ipython: Any) -> None:
 
 #: Words in a cell's source that say it traces (or asks about CUPTI): CUPTI lingering after a trace is kept for it.
 _TRACING_WORDS = ("%%gpu", "%gpu live", "%gpu cupti", "trace(", "gw.dask", ".live(")
-#: A cell that traces on this process's GPUs (``gw.trace(``, not ``gw.load_trace(``): CUPTI is made ready for its trace
-#: before it runs.
-_TRACES_HERE = re.compile(r"%%gpu|%gpu live|\.live\(|(?<!\w)trace\(")
+#: A cell that traces on this process's GPUs (``gw.trace(``, not ``gw.load_trace(`` or ``gw.dask.trace(``): CUPTI is
+#: made ready for its trace before it runs.
+_TRACES_HERE = re.compile(r"%%gpu|%gpu live|\.live\(|(?<!\w)(?<!dask\.)trace\(")
 
 
 def _ready_cupti_for_cell(info: Any) -> None:

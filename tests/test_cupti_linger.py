@@ -428,6 +428,7 @@ def test_in_a_notebook_a_let_go_is_not_followed_by_a_reattach_and_a_traced_cell_
     assert cupti_mod.detached() and not cupti_mod._REATTACH.armed
     time.sleep(0.05)
     assert fake_cupti.raw.registered == 1 and cupti_mod.detached()
+    assert cupti_mod.state().endswith("the next cell that traces attaches it before it runs")
     monkeypatch.setattr(cupti_mod, "LINGER_S", 60.0)
     assert cupti_mod.warm_for_cell()
     assert fake_cupti.raw.registered == 2 and cupti_mod.lingering() and len(fake_cupti.enabled) == 6

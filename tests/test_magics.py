@@ -242,6 +242,7 @@ def test_a_cell_that_does_not_trace_lets_cupti_go_first_and_one_that_traces_gets
     shell.run_cell("import gpuworkbench as gw\nwith gw.trace():\n    pass")
     assert calls == ["let go", "warm", "warm"]
     shell.run_cell("loaded = None  # gw.load_trace(path)")  # reads a file: nothing to ready, CUPTI kept
+    shell.run_cell("client = None  # with gw.dask.trace(client) as t:")  # traces on the workers: CUPTI kept
     shell.run_cell("%gpu cupti")  # asking where CUPTI stands does not change it
     assert calls == ["let go", "warm", "warm"]
     monkeypatch.setattr(cupti, "lingering", lambda after_trace=False: False)

@@ -1686,6 +1686,8 @@ def state() -> str:
         return "kinds off; CUPTI is let go at the exit of the next CUDA call"
     if _REATTACH.armed:
         return "not attached: CUDA calls pay nothing for it; initialized again (no kind on) shortly"
+    if NOTEBOOK and not _ATTACHED:
+        return "not attached: CUDA calls pay nothing for it; the next cell that traces attaches it before it runs"
     if _ATTACHED and _FRESH:
         return (
             "ready: initialized again with no kind on, so that the next trace only enables its kinds; an empty launch "
