@@ -100,12 +100,24 @@ def _ready_cupti_for_cell(info: Any) -> None:
     ``%load_ext``) or is ready, which would slow every CUDA call of the cell (an empty launch 1.5 × while a source
     lingers, a few % when ready), so that it runs as in a process that never traced. Cells that ask about CUPTI
     (``%gpu cupti``) or trace on Dask workers leave it as it is; so does a trace that still records (a live view)."""
+    global _last_hook
+    t0 = time.perf_counter_ns()
     cupti.settle(1.0)  # a re-initialization under way (one armed before %load_ext)
     source = getattr(info, "raw_cell", "") or ""
+    done = ""
     if _TRACES_HERE.search(source):
-        cupti.warm_for_cell()
+        attached = not cupti.detached()
+        if cupti.warm_for_cell():
+            done = "made CUPTI ready for the cell's trace" if attached else "attached CUPTI for the cell's trace"
     elif not any(word in source for word in _TRACING_WORDS) and (cupti.lingering() or cupti.ready()):
-        cupti.let_go()
+        if cupti.let_go():
+            done = "let CUPTI go for the untraced cell"
+    if done:
+        _last_hook = (done, (time.perf_counter_ns() - t0) / 1e6)
+
+
+#: What the pre-run hook last did to CUPTI, and how long it took (ms); ``%gpu cupti`` reports it.
+_last_hook: tuple[str, float] | None = None
 
 
 def _number_cells(result: Any) -> None:
@@ -428,6 +440,9 @@ class GpuMagics(Magics):
             _error("%gpu cupti", f"unknown argument {' '.join(args)!r}: %gpu cupti [release]")
             return
         print(f"CUPTI: {cupti.state()}")
+        if _last_hook is not None:
+            done, ms = _last_hook
+            print(f"last done before a cell: {done}, in {ms:.1f} ms, outside the cell's own time")
 
     def _bench(self, args: list[str]) -> None:
         """Run one benchmark on the current device: ``copy``, ``launch``, ``pipeline`` or ``crossover [OP ...]``."""

@@ -223,7 +223,7 @@ def test_gpu_cupti_says_where_cupti_stands_and_releases_it(shell, capsys):
     assert "unknown argument 'now'" in capsys.readouterr().err
 
 
-def test_a_cell_that_does_not_trace_lets_cupti_go_first_and_one_that_traces_gets_it_ready(shell, monkeypatch):
+def test_a_cell_that_does_not_trace_lets_cupti_go_first_and_one_that_traces_gets_it_ready(shell, monkeypatch, capsys):
     """CUPTI lingers after a trace for the next to start free, but slows every CUDA call meanwhile: a cell that does
     not trace lets it go before it runs (also where it is only ready); a cell that traces gets a source readied for
     its trace before it runs; a cell asking about CUPTI leaves it as it is. Nothing is re-initialized on a timer."""
@@ -234,13 +234,18 @@ def test_a_cell_that_does_not_trace_lets_cupti_go_first_and_one_that_traces_gets
     monkeypatch.setattr(cupti, "ready", lambda: False)
     monkeypatch.setattr(cupti, "let_go", lambda: calls.append("let go") or True)
     monkeypatch.setattr(cupti, "warm_for_cell", lambda: calls.append("warm") or True)
+    monkeypatch.setattr(magics, "_last_hook", None)
     magics.register(shell)  # what %load_ext's first load did (the hooks are registered once)
     assert cupti.NOTEBOOK
     shell.run_cell("plain = 1 + 1")
     assert calls == ["let go"]
+    assert magics._last_hook[0] == "let CUPTI go for the untraced cell" and magics._last_hook[1] >= 0
     shell.run_cell("%%gpu --no-show\nx = 2")
     shell.run_cell("import gpuworkbench as gw\nwith gw.trace():\n    pass")
     assert calls == ["let go", "warm", "warm"]
+    assert magics._last_hook[0].endswith("for the cell's trace")
+    shell.run_line_magic("gpu", "cupti")
+    assert "for the cell's trace, in " in capsys.readouterr().out
     shell.run_cell("loaded = None  # gw.load_trace(path)")  # reads a file: nothing to ready, CUPTI kept
     shell.run_cell("client = None  # with gw.dask.trace(client) as t:")  # traces on the workers: CUPTI kept
     shell.run_cell("%gpu cupti")  # asking where CUPTI stands does not change it
