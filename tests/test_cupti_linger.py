@@ -173,7 +173,7 @@ def test_a_stopped_source_parks_and_the_next_takes_its_kinds_over_without_enabli
     assert cupti_mod.state().startswith("lingering") and "at the first untraced launch, copy or memset, or in " in (
         cupti_mod.state()
     )
-    assert cupti_mod.lingering() and cupti_mod.lingering(after_trace=True)
+    assert cupti_mod.lingering()
     assert len(fake_cupti.enabled) == 6 and not any(e.startswith("disable") for e in fake_cupti.log)
     fake_cupti.log.clear()
     second = source()
@@ -277,20 +277,6 @@ def test_deadline_calls_with_the_last_armed_token_and_disarm_cancels():
     clock.disarm()
     time.sleep(0.15)
     assert got == [2]
-
-
-def test_the_source_prepare_parks_lingers_for_the_first_trace_only(fake_cupti):
-    """``prepare`` parks a warm-up source for the process's first trace: it lingers, but not as one a trace left
-    (a notebook cell that does not trace lets only the latter go)."""
-    warm = source()
-    warm.warm_up = True
-    warm.start()
-    warm.stop()
-    assert cupti_mod.lingering() and not cupti_mod.lingering(after_trace=True)
-    first = source()
-    first.start()
-    first.stop()
-    assert cupti_mod.lingering(after_trace=True)
 
 
 def wait_for(what, timeout_s: float = 5.0) -> bool:
@@ -544,7 +530,7 @@ def test_a_traced_cell_finds_a_source_parked_and_primed_on_its_own_thread(fake_c
     )
     ready(fake_cupti, monkeypatch)
     assert cupti_mod.warm_for_cell()
-    assert cupti_mod.lingering(after_trace=True) and len(fake_cupti.enabled) == 6
+    assert cupti_mod.lingering() and len(fake_cupti.enabled) == 6
     assert (True, False) in primed  # this thread's calls stay in traces (they end before the take-over's cutoff)
     assert wait_for(lambda: len(primed) == 2 and cupti_mod._DETACH.watching)
     assert sorted(primed) == [(False, True), (True, False)]

@@ -230,7 +230,7 @@ def test_a_cell_that_does_not_trace_lets_cupti_go_first_and_one_that_traces_gets
     from gpuworkbench.trace import cupti
 
     calls: list[str] = []
-    monkeypatch.setattr(cupti, "lingering", lambda after_trace=False: True)
+    monkeypatch.setattr(cupti, "lingering", lambda: True)
     monkeypatch.setattr(cupti, "ready", lambda: False)
     monkeypatch.setattr(cupti, "let_go", lambda: calls.append("let go") or True)
     monkeypatch.setattr(cupti, "warm_for_cell", lambda: calls.append("warm") or True)
@@ -250,7 +250,7 @@ def test_a_cell_that_does_not_trace_lets_cupti_go_first_and_one_that_traces_gets
     shell.run_cell("client = None  # with gw.dask.trace(client) as t:")  # traces on the workers: CUPTI kept
     shell.run_cell("%gpu cupti")  # asking where CUPTI stands does not change it
     assert calls == ["let go", "warm", "warm"]
-    monkeypatch.setattr(cupti, "lingering", lambda after_trace=False: False)
+    monkeypatch.setattr(cupti, "lingering", lambda: False)
     shell.run_cell("plain = 3")
     assert calls == ["let go", "warm", "warm"]  # nothing lingers or is ready: nothing to let go
     monkeypatch.setattr(cupti, "ready", lambda: True)

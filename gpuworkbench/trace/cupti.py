@@ -693,8 +693,6 @@ class CuptiSource:
         self._frozen = False
         #: Bumped by every ``start``: a trace stops or abandons only the session it started.
         self.session = 0
-        #: True for the source ``prepare`` starts and parks for the process's first trace (no trace used it).
-        self.warm_up = False
         #: Whether the API carrier records are limited to the calls that enqueue device work.
         self.api_filtered = False
         #: Records dropped because CUPTI had no valid start/end for them (e.g. cut off by a forced flush).
@@ -802,11 +800,10 @@ class CuptiSource:
         _ACTIVE = self
         return True
 
-    def stop(self, prime_on_thread: bool = True) -> None:
+    def stop(self) -> None:
         """Forced flush (this source's last records), then park: the kinds stay on for the next source to take over,
         for ``LINGER_S`` or until untraced work launches (``WATCH_UNTRACED``); a frozen source (another tool took
-        CUPTI) or one with no kinds turns them off instead. Idempotent. ``flush()`` then returns the rest.
-        ``prime_on_thread=False``: the caller primes on its own thread (``prime_here``), not the prime thread."""
+        CUPTI) or one with no kinds turns them off instead. Idempotent. ``flush()`` then returns the rest."""
         global _ACTIVE
         if not self._running:
             return
@@ -818,7 +815,7 @@ class CuptiSource:
                 _ACTIVE = None  # CUPTI has no "unregister": our callbacks now drop what comes
             self._running = False
             if self._enabled and not self._frozen:
-                _park(self, prime_on_thread)
+                _park(self)
                 return
         self._disable_all()
         if raw is not None:
@@ -1322,15 +1319,15 @@ _PREPARED = False
 ATTACH_EARLY = True
 
 
-def _park(source: CuptiSource, prime_on_thread: bool = True) -> None:
+def _park(source: CuptiSource) -> None:
     """Leave ``source``'s kinds on for ``LINGER_S`` (under ``_STATE_LOCK``); then ``_linger_over`` lets CUPTI go. With
-    ``WATCH_UNTRACED``, sooner: at the first untraced call that enqueues device work. With ``PRIME_AT_PARK`` (and
-    ``prime_on_thread``) the prime thread primes CUPTI first (``_prime_parked``), then watches."""
+    ``WATCH_UNTRACED``, sooner: at the first untraced call that enqueues device work. With ``PRIME_AT_PARK`` the
+    prime thread primes CUPTI first (``_prime_parked``), then watches."""
     global _PARKED, _PARK_TOKEN
     _PARKED, _PARK_TOKEN = source, _PARK_TOKEN + 1
     token = _PARK_TOKEN
     _LINGER.arm(LINGER_S, token)
-    if prime_on_thread and PRIME_AT_PARK and _RAW is not None:
+    if PRIME_AT_PARK and _RAW is not None:
         _PRIME.arm(0.0, token)  # primes on its own thread, then watches: the next trace does not wait for it
     else:
         _watch(token)
@@ -1659,11 +1656,9 @@ def ready() -> bool:
     return _ATTACHED and _FRESH and _PARKED is None and _ACTIVE is None
 
 
-def lingering(after_trace: bool = False) -> bool:
-    """Whether a source lingers (attached, kinds on) for the next trace to take over; ``after_trace``: one a trace
-    left, not the one ``prepare`` parked for the first trace of the process."""
-    parked = _PARKED
-    return parked is not None and not (after_trace and parked.warm_up)
+def lingering() -> bool:
+    """Whether a source lingers (attached, kinds on) for the next trace to take over."""
+    return _PARKED is not None
 
 
 def state() -> str:
@@ -1792,7 +1787,6 @@ def prepare() -> None:
         # the source stays parked for a first trace to take over
         with contextlib.suppress(Exception):
             warm = CuptiSource()
-            warm.warm_up = True
             warm.start()
             warm.stop()  # primed on the prime thread, which then watches
             prime_here()  # and on the user's thread: part of what the first recorded op pays after a park is per thread
