@@ -96,10 +96,11 @@ _TRACES_HERE = re.compile(r"%%gpu|%gpu live|\.live\(|(?<!\w)(?<!dask\.)trace\(")
 def _ready_cupti_for_cell(info: Any) -> None:
     """Before each cell, on the kernel's thread, outside the cell's own time: for a cell that traces, attach CUPTI if
     it was let go, park a source for the cell's trace to take over and prime it on this thread
-    (``cupti.warm_for_cell``); for a cell that does not, let go a CUPTI that lingers (after a trace, or parked by
-    ``%load_ext``) or is ready, which would slow every CUDA call of the cell (an empty launch 1.5 × while a source
-    lingers, a few % when ready), so that it runs as in a process that never traced. Cells that ask about CUPTI
-    (``%gpu cupti``) or trace on Dask workers leave it as it is; so does a trace that still records (a live view)."""
+    (``cupti.warm_for_cell``); for a cell that does not, let go an attached CUPTI (a source lingering after a trace
+    or parked by ``%load_ext``, CUPTI ready, or left attached by torch.profiler), which would slow every CUDA call of
+    the cell (an empty launch 1.5 × while a source lingers, 1.7 × after torch.profiler on an H100, a few % when ready),
+    so that it runs as in a process that never traced. Cells that ask about CUPTI (``%gpu cupti``) or trace on Dask
+    workers leave it as it is; so does a trace or a torch.profiler that still records (a live view, a schedule)."""
     global _last_hook
     t0 = time.perf_counter_ns()
     cupti.settle(1.0)  # a re-initialization under way (one armed before %load_ext)
@@ -109,8 +110,8 @@ def _ready_cupti_for_cell(info: Any) -> None:
         attached = not cupti.detached()
         if cupti.warm_for_cell():
             done = "made CUPTI ready for the cell's trace" if attached else "attached CUPTI for the cell's trace"
-    elif not any(word in source for word in _TRACING_WORDS) and (cupti.lingering() or cupti.ready()):
-        if cupti.let_go():
+    elif not any(word in source for word in _TRACING_WORDS) and not cupti.detached():
+        if cupti.let_go():  # refused while a trace, a block or another tool (torch.profiler recording) holds CUPTI
             done = "let CUPTI go for the untraced cell"
     if done:
         _last_hook = (done, (time.perf_counter_ns() - t0) / 1e6)

@@ -396,3 +396,51 @@ def test_a_traced_cell_after_an_untraced_one_takes_over_a_source_readied_before_
     for _state, names, d2h, tiny, memsets in found:
         assert sum("inside_the_cell" in n for n in names) == 1 and d2h == 1, found
         assert tiny == 0 and memsets == [], found
+
+
+_NOTEBOOK_AFTER_TORCH = """
+import json
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+def run(source):
+    shell.run_cell(source, store_history=False).raise_error()
+run("%load_ext gpuworkbench")
+run('''
+import json, os, tempfile
+import torch
+import gpuworkbench as gw
+from torch.profiler import ProfilerActivity, profile
+a = torch.randn(512, 512, device="cuda")
+def work():
+    for _ in range(3):
+        (a @ a).relu_()
+    torch.cuda.synchronize()
+def kernels(prof):
+    path = tempfile.mktemp(suffix=".json")
+    prof.export_chrome_trace(path)
+    n = sum(1 for e in json.load(open(path))["traceEvents"] if e.get("cat") == "kernel")
+    os.unlink(path)
+    return n
+work()
+seen = []
+''')
+PROFILED = "with profile(activities=[ProfilerActivity.CUDA]) as p:\\n    work()\\nseen.append(kernels(p))"
+run(PROFILED)
+run("seen.append(gw.cupti.state().split(':')[0])\\nwork()")  # untraced, after torch.profiler
+run(PROFILED)  # torch.profiler again, after CUPTI was let go
+run("with gw.trace() as t:\\n    work()\\nt.wait_pending()\\nseen.append(int((t.table()['kind'] == 4).sum()))")
+run(PROFILED)
+print(json.dumps(shell.user_ns["seen"]))
+"""
+
+
+def test_an_untraced_cell_after_torch_profiler_runs_with_cupti_let_go_and_the_profiler_still_works(cp):
+    """In IPython with ``%load_ext`` (a fresh process): torch.profiler leaves CUPTI attached (an empty launch 1.7 ×
+    on an H100); the next untraced cell's pre-run hook lets it go, and torch.profiler and our traces after it still
+    record every kernel."""
+    pytest.importorskip("torch")
+    pytest.importorskip("IPython")
+    out = subprocess.run([sys.executable, "-c", _NOTEBOOK_AFTER_TORCH], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == [6, "not attached", 6, 6, 6], seen

@@ -225,13 +225,12 @@ def test_gpu_cupti_says_where_cupti_stands_and_releases_it(shell, capsys):
 
 def test_a_cell_that_does_not_trace_lets_cupti_go_first_and_one_that_traces_gets_it_ready(shell, monkeypatch, capsys):
     """CUPTI lingers after a trace for the next to start free, but slows every CUDA call meanwhile: a cell that does
-    not trace lets it go before it runs (also where it is only ready); a cell that traces gets a source readied for
-    its trace before it runs; a cell asking about CUPTI leaves it as it is. Nothing is re-initialized on a timer."""
+    not trace lets an attached CUPTI go before it runs; a cell that traces gets a source readied for its trace before
+    it runs; a cell asking about CUPTI leaves it as it is. Nothing is re-initialized on a timer."""
     from gpuworkbench.trace import cupti
 
     calls: list[str] = []
-    monkeypatch.setattr(cupti, "lingering", lambda: True)
-    monkeypatch.setattr(cupti, "ready", lambda: False)
+    monkeypatch.setattr(cupti, "detached", lambda: False)
     monkeypatch.setattr(cupti, "let_go", lambda: calls.append("let go") or True)
     monkeypatch.setattr(cupti, "warm_for_cell", lambda: calls.append("warm") or True)
     monkeypatch.setattr(magics, "_last_hook", None)
@@ -250,9 +249,6 @@ def test_a_cell_that_does_not_trace_lets_cupti_go_first_and_one_that_traces_gets
     shell.run_cell("client = None  # with gw.dask.trace(client) as t:")  # traces on the workers: CUPTI kept
     shell.run_cell("%gpu cupti")  # asking where CUPTI stands does not change it
     assert calls == ["let go", "warm", "warm"]
-    monkeypatch.setattr(cupti, "lingering", lambda: False)
+    monkeypatch.setattr(cupti, "detached", lambda: True)
     shell.run_cell("plain = 3")
-    assert calls == ["let go", "warm", "warm"]  # nothing lingers or is ready: nothing to let go
-    monkeypatch.setattr(cupti, "ready", lambda: True)
-    shell.run_cell("plain = 4")
-    assert calls == ["let go", "warm", "warm", "let go"]
+    assert calls == ["let go", "warm", "warm"]  # not attached: nothing to let go

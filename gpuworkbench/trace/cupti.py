@@ -1651,11 +1651,6 @@ def let_go() -> bool:
     return True
 
 
-def ready() -> bool:
-    """Whether CUPTI is *ready*: initialized again with no kind on, no source recording or lingering."""
-    return _ATTACHED and _FRESH and _PARKED is None and _ACTIVE is None
-
-
 def lingering() -> bool:
     """Whether a source lingers (attached, kinds on) for the next trace to take over."""
     return _PARKED is not None
