@@ -15,6 +15,14 @@ import gpuworkbench as gw
 pytestmark = pytest.mark.gpu
 
 
+def _why(t) -> str:
+    """What a CUPTI trace that missed ops says about itself: its stats and each clock's source and note."""
+    from gpuworkbench.trace import cupti
+
+    clocks = [(c.source, c.note[:80]) for c in t.devices.values()]
+    return f"{t.stats}; clocks {clocks}; ticks {cupti.timestamps_are_ticks()}; state {cupti.state()[:40]}"
+
+
 def _cuda_device():
     try:
         import cupy  # noqa: F401
@@ -354,7 +362,7 @@ def test_cupti_spans_go_to_the_ops_whose_calls_they_are_among_other_launches_and
         assert t.wait_pending(30)
     kernels = [sp for sp in t.spans if sp.kind == "kernel"]
     names = sorted(sp.name for sp in kernels)
-    assert names == sorted([f"ours-{i}" for i in range(n)] + [f"thread-{i}" for i in range(n)])
+    assert names == sorted([f"ours-{i}" for i in range(n)] + [f"thread-{i}" for i in range(n)]), _why(t)
     assert t.stats.lost == 0 and t.stats.unplaced_calls >= n
     longest = max(sp.duration_ns for sp in kernels)
     assert longest < 15_000, f"an empty kernel's span lasted {longest} ns: a 20 µs foreign launch was taken for it"
@@ -379,7 +387,7 @@ def test_an_unread_cupti_trace_defers_decoding_and_a_live_reader_gets_spans_whil
             s.synchronize()
             time.sleep(0.3)  # harvester wake-ups, nobody reading
             assert t.stats.deferred_harvests >= 5 and len(t) == 0
-            assert len(t.table(wait=False)["kind"]) == 3000  # a read decodes at once, no wait
+            assert len(t.table(wait=False)["kind"]) == 3000, _why(t)  # a read decodes at once, no wait
             version = t.version  # watched from now on
             for i in range(1000):
                 empty(1, 32, (b,), stream=s, name=f"w{i}")

@@ -71,7 +71,9 @@ def test_plain_cupy_work_is_traced_with_names_bytes_pinning_and_launches(cp):
     for i in device_rows.tolist():
         corr = table["corr"][i]
         assert corr >= 0, table["name"][i]
-        (call,) = np.flatnonzero(api & (table["corr"] == corr))
+        calls = np.flatnonzero(api & (table["corr"] == corr))
+        assert calls.size == 1, (table["name"][calls].tolist(), table["stream"][calls].tolist(), t.stats)
+        (call,) = calls
         assert table["start_ns"][call] <= table["start_ns"][i] and table["enqueue_ns"][i] == table["start_ns"][call]
         assert table["stream"][call] <= -2  # a host thread's row
     grid = [unpack_dim3(g) for g in table["grid"][kernels]]
@@ -443,4 +445,4 @@ def test_an_untraced_cell_after_torch_profiler_runs_with_cupti_let_go_and_the_pr
     out = subprocess.run([sys.executable, "-c", _NOTEBOOK_AFTER_TORCH], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen == [6, "not attached", 6, 6, 6], seen
+    assert seen[1] == "not attached" and seen[0] > 0 and seen[0] == seen[2] == seen[3] == seen[4], seen
