@@ -149,10 +149,7 @@ def main() -> None:
         child(args.child)
         return
     if args.first:
-        results = first(args.first)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        _write(args.json, first(args.first))
         return
     from gpuworkbench.trace.spans import KIND_CODE
 
@@ -220,8 +217,13 @@ def main() -> None:
         }
         results.append(out)
         print(json.dumps(out), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
+    _write(args.json, results)
+
+
+def _write(path: str | None, results: list[dict]) -> None:
+    """The results as one JSON file, where ``--json`` asks for it."""
+    if path:
+        with open(path, "w") as f:
             json.dump(results, f, indent=1)
 
 
