@@ -20,7 +20,9 @@ def _why(t) -> str:
     from gpuworkbench.trace import cupti
 
     clocks = [(c.source, c.note[:80]) for c in t.devices.values()]
-    return f"{t.stats}; clocks {clocks}; ticks {cupti.timestamps_are_ticks()}; state {cupti.state()[:40]}"
+    src = getattr(t, "_cupti", None)
+    cut = (src.cut_off_records, src.cut_off_calls, src._first_corr) if src is not None else None
+    return f"{t.stats}; clocks {clocks}; ticks {cupti.timestamps_are_ticks()}; state {cupti.state()[:40]}; cut {cut}"
 
 
 def _cuda_device():

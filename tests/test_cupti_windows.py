@@ -184,6 +184,28 @@ def test_a_source_taking_over_parked_kinds_drops_records_of_work_that_ended_befo
     assert src.incomplete_records == 0  # dropped for the cutoff, not counted as incomplete
 
 
+def test_a_record_whose_call_came_after_the_cutoff_is_kept_though_its_device_time_reads_before_it():
+    """CUPTI maps the GPU's timestamps onto its host clock: a kernel launched after a take-over can read as ending
+    before the cutoff where that mapping is behind. Correlation ids grow with each call, so a record whose call came
+    after the first call past the cutoff is kept; one of a call before the cutoff is still dropped and counted."""
+    src, ops = offline_source(), CuptiOps()
+    src._cutoff = 3_000
+    launch(ops, 1, 3_050, 3_200)
+    ops.take_rows(1)
+    data = b"".join(
+        [
+            api_record(1_500, MAIN & LOW, 7),  # parked time
+            api_record(3_100, MAIN & LOW, 9),  # the trace's first call
+            kernel_record(2_000, 2_900, 7),  # parked work: dropped
+            kernel_record(2_700, 2_950, 9),  # the trace's kernel, its device time mapped 150 µs early: kept
+        ]
+    )
+    src._ingest(data)
+    out = src.flush_columns(eager=True, full=False, resolve=ops.resolve)
+    assert out["correlation_id"].tolist() == [9] and out["external_id"].tolist() == [1]
+    assert (src.cut_off_records, src.cut_off_calls) == (1, 1)
+
+
 def test_records_of_the_primers_streams_are_never_a_traces(monkeypatch):
     """The copy and memset ``cupti_prime`` enqueues as a source parks can end after the next source's cutoff: their
     records are dropped by (device, CUPTI stream id), the rest of that device's work kept."""

@@ -686,6 +686,12 @@ class CuptiSource:
         #: CUPTI's raw timestamp (ticks where another tool's callback changed them: never converted, so that a
         #: rate learned later cannot move records across it): records of work that ended before are dropped.
         self._cutoff = 0
+        #: The smallest correlation id of an API call that began after the cutoff (0: none seen yet). Correlation ids
+        #: grow with each call, so a record whose call came after it is the trace's even where its device timestamp
+        #: (mapped from the GPU's clock by CUPTI) reads as before the cutoff.
+        self._first_corr = 0
+        #: Records and calls dropped as older than a take-over's cutoff (what a lost op asks about first).
+        self.cut_off_records = self.cut_off_calls = 0
         self._api_names: dict[int, dict[int, str]] = {0: {}, 1: {}}
         self._tables_ready = False
         self._started = False  # a started source is reset before it starts again; a new one needs no reset
@@ -796,7 +802,7 @@ class CuptiSource:
             return False
         self._enabled, parked._enabled = parked._enabled, []
         self.api_filtered = parked.api_filtered
-        self._cutoff = int(cupti.get_timestamp())
+        self._cutoff, self._first_corr = int(cupti.get_timestamp()), 0
         _ACTIVE = self
         return True
 
@@ -961,7 +967,8 @@ class CuptiSource:
 
     def _reset(self) -> None:
         self._enabled = []
-        self._cutoff = 0
+        self._cutoff = self._first_corr = 0
+        self.cut_off_records = self.cut_off_calls = 0
         self._extras = {"api": [], "memory": [], "marker": []}
         self._take_incoming()
         self._pushed = False
@@ -1102,7 +1109,12 @@ class CuptiSource:
         api = None
         if calls or full:
             api_rows = at[(kinds == self._k_api[0]) | (kinds == self._k_api[1])]
-            api_rows = self._after_cutoff(api_rows, "api", "start", column)
+            if self._cutoff and api_rows.size:
+                after = column(api_rows, "api", "start").astype(np.int64) >= self._cutoff
+                self.cut_off_calls += api_rows.size - int(np.count_nonzero(after))
+                if not self._first_corr and after.any():
+                    self._first_corr = int(column(api_rows[after], "api", "correlation_id").min())
+                api_rows = api_rows[after]
             if PRIMER.threads and api_rows.size:  # the primer's calls can come after a take-over's cutoff
                 theirs = np.isin(column(api_rows, "api", "thread_id"), list(PRIMER.threads))
                 api_rows = api_rows[~theirs] if theirs.any() else api_rows
@@ -1197,7 +1209,11 @@ class CuptiSource:
         valid = (start > 0) & (end >= start)
         self.incomplete_records += start.size - int(np.count_nonzero(valid))
         if self._cutoff:
-            valid &= raw_end >= self._cutoff
+            after = raw_end >= self._cutoff
+            if self._first_corr:
+                after |= cols["correlation_id"] >= self._first_corr
+            self.cut_off_records += int(np.count_nonzero(valid & ~after))
+            valid &= after
         primed = PRIMER.streams
         if primed and full:  # the primer's copy and memset can end after a cutoff: never the user's work
             ids = cols["device_id"] << 32 | cols["stream_id"]
