@@ -279,6 +279,19 @@ def test_deadline_calls_with_the_last_armed_token_and_disarm_cancels():
     assert got == [2]
 
 
+def test_deadline_wait_idle_waits_for_a_call_due_now_and_one_running_but_not_a_later_one():
+    gate = threading.Event()
+    done: list[int] = []
+    clock = Deadline(lambda token: gate.wait(5.0) and done.append(token), "test-deadline-idle", idle_s=0.5)
+    assert clock.wait_idle(0.01)  # nothing armed
+    clock.arm(30.0, 1)
+    assert clock.wait_idle(0.01)  # due long after the wait
+    clock.arm(0.0, 2)  # due now: the call blocks on the gate
+    assert not clock.wait_idle(0.1) and done == []
+    gate.set()
+    assert clock.wait_idle(2.0) and done == [2]
+
+
 def wait_for(what, timeout_s: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while not what() and time.monotonic() < deadline:
@@ -518,8 +531,8 @@ def ready(fake_cupti, monkeypatch) -> None:
 
 def test_a_traced_cell_finds_a_source_parked_and_primed_on_its_own_thread(fake_cupti, monkeypatch):
     """``warm_for_cell`` (a tracing cell's pre-run hook) parks a source where CUPTI was only ready and primes it on
-    the calling thread, keeping that thread's calls (the prime thread primes too, its calls dropped); the cell's
-    trace then takes it over without enabling anything."""
+    the calling thread, keeping that thread's calls (the prime thread primes too, its calls dropped, and the hook
+    waits for it); nothing watches the source, and the cell's trace takes it over without enabling anything."""
     from gpuworkbench.trace.cupti_prime import PRIMER
 
     monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", True)
@@ -531,17 +544,45 @@ def test_a_traced_cell_finds_a_source_parked_and_primed_on_its_own_thread(fake_c
     ready(fake_cupti, monkeypatch)
     assert cupti_mod.warm_for_cell()
     assert cupti_mod.lingering() and len(fake_cupti.enabled) == 6
-    assert (True, False) in primed  # this thread's calls stay in traces (they end before the take-over's cutoff)
-    assert wait_for(lambda: len(primed) == 2 and cupti_mod._DETACH.watching)
+    # this thread's calls stay in traces (they end before the take-over's cutoff); the prime thread's are done
     assert sorted(primed) == [(False, True), (True, False)]
+    time.sleep(0.05)
+    assert not cupti_mod._DETACH.watching and not fake_cupti.raw.lib.domain_on
     fake_cupti.log.clear()
     trace_source = source()
     trace_source.start()
     assert fake_cupti.log == [] and cupti_mod._ACTIVE is trace_source
     assert not cupti_mod.warm_for_cell()  # a source records: nothing parked, nothing primed
     trace_source.stop()
-    assert cupti_mod.warm_for_cell()  # lingering after a trace: primed here again, and by the prime thread
-    assert wait_for(lambda: len(primed) == 4) and sorted(primed[2:]) == [(False, True), (True, False)]
+    assert wait_for(lambda: cupti_mod._DETACH.watching)  # parked after a trace: primed, then watched
+    assert cupti_mod.warm_for_cell()  # lingering after a trace: primed here again, and the watch called off
+    assert sorted(primed[2:]) == [(False, True), (True, False)]
+    assert not cupti_mod._DETACH.watching and not fake_cupti.raw.lib.domain_on
+    assert cupti_mod.lingering() and cupti_mod._LINGER.left_s() > cupti_mod.LINGER_S - 1
+
+
+def test_untraced_work_in_a_traced_cell_before_its_trace_keeps_the_source_parked(fake_cupti, monkeypatch):
+    """The source the pre-run hook parks for a traced cell is not watched: the cell's own CUDA calls before its
+    trace starts (``a = cp.ones(3)`` above ``with gw.trace():``) do not let it go, and the trace takes it over."""
+    from gpuworkbench.trace.cupti_prime import PRIMER
+
+    monkeypatch.setattr(cupti_mod, "PRIME_AT_PARK", True)
+    monkeypatch.setattr(PRIMER, "prime", lambda lib, drop_calls=True: 1)
+    lib = fake_cupti.raw.lib
+    ready(fake_cupti, monkeypatch)
+    assert cupti_mod.warm_for_cell()
+    assert cupti_mod._PRIME.wait_idle(1.0)  # the prime thread is done: a watch would be on by now
+    worker = threading.Thread(target=lib.api_call, args=(WORK,))
+    worker.start()
+    worker.join()
+    lib.api_call(WORK)
+    time.sleep(0.05)
+    assert cupti_mod.lingering() and len(fake_cupti.enabled) == 6 and "finalize" not in lib.calls
+    fake_cupti.log.clear()
+    trace_source = source()
+    trace_source.start()
+    assert fake_cupti.log == [] and cupti_mod._ACTIVE is trace_source
+    trace_source.stop()
 
 
 def test_the_watch_ignores_the_callers_own_prime_but_not_other_work(fake_cupti, monkeypatch):
@@ -551,7 +592,9 @@ def test_the_watch_ignores_the_callers_own_prime_but_not_other_work(fake_cupti, 
     lib = fake_cupti.raw.lib
     monkeypatch.setattr(PRIMER, "prime", lambda cupti_lib, drop_calls=True: lib.api_call(WORK) or 1)
     ready(fake_cupti, monkeypatch)
-    assert cupti_mod.warm_for_cell()
+    parked = source()
+    parked.start()
+    parked.stop()
     assert wait_for(lambda: cupti_mod._DETACH.watching)  # once the prime thread has primed
     assert cupti_mod.prime_here() == 1  # this thread's prime, while watched: not untraced work
     assert cupti_mod.lingering() and cupti_mod._DETACH.watching and cupti_mod._DETACH.ignored_thread == 0

@@ -1350,8 +1350,9 @@ def _park(source: CuptiSource) -> None:
 
 
 def _watch(token: int) -> None:
-    """Watch for untraced work while the source parked as ``token`` lingers (under ``_STATE_LOCK``)."""
-    if WATCH_UNTRACED and _DETACH is not None and _WORK_CBIDS:
+    """Watch for untraced work while the source parked as ``token`` lingers (under ``_STATE_LOCK``); not for a source
+    parked for a notebook cell that traces (``_unwatch_parked``)."""
+    if token != _UNWATCHED_TOKEN and WATCH_UNTRACED and _DETACH is not None and _WORK_CBIDS:
         _DETACH.watch(lambda: _PARK_TOKEN == token and _LINGER.arm(0.0, token), _WORK_CBIDS)
 
 
@@ -1416,8 +1417,31 @@ def warm_for_cell() -> bool:
             warm.stop()
     if _PARKED is None:
         return False
+    _unwatch_parked()
     prime_here()
-    return True
+    _PRIME.wait_idle(PRIME_WAIT_S)  # the cell's trace then starts with no prime or watch of ours under way
+    return _PARKED is not None
+
+
+#: How long the pre-run hook waits for the prime thread (``warm_for_cell``); priming took ~1–3 ms on an H100.
+PRIME_WAIT_S = 0.1
+#: The park token of a source parked for a notebook cell that traces: no watch for untraced work on it.
+_UNWATCHED_TOKEN = -1
+
+
+def _unwatch_parked() -> None:
+    """Call off the watch on the parked source, for a cell whose trace takes it over: a watch would let it go at the
+    cell's first untraced CUDA call before the trace starts (``a = cp.ones(3)`` above ``with gw.trace():``), and its
+    callbacks would cost every call until the take-over's quiet. The linger deadline is set again (a watch that fired
+    had brought it forward)."""
+    global _UNWATCHED_TOKEN
+    with _STATE_LOCK:
+        if _PARKED is None:
+            return
+        _UNWATCHED_TOKEN = _PARK_TOKEN
+        _LINGER.arm(LINGER_S, _PARK_TOKEN)
+        if _DETACH is not None and not _DETACH.armed:
+            _DETACH.disarm()
 
 
 def _claim_parked(taking_over: bool = False) -> CuptiSource | None:
@@ -1773,6 +1797,8 @@ def prepare() -> None:
     initializing it again after a let-go (``reattach_soon``, from a thread of ours) did not, in 15 of 15 processes on an
     H200. ``%load_ext gpuworkbench`` calls it; so does the first trace that meets CUDA. Never raises."""
     global _PREPARED, _ATTACHED
+    if _PREPARED:  # every trace's start asks: not behind the state lock, which a prime or a watch may hold
+        return
     attached = False
     with _STATE_LOCK:
         if _PREPARED:

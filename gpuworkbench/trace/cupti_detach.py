@@ -210,6 +210,7 @@ class Deadline:
         self._idle_s = idle_s
         self._cond = threading.Condition()
         self._due: tuple[float, int] | None = None
+        self._busy = False  # ``fn`` is running
         self._thread: threading.Thread | None = None
 
     def arm(self, delay_s: float, token: int) -> None:
@@ -219,7 +220,7 @@ class Deadline:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            self._cond.notify_all()  # ``wait_idle`` may wait on the same condition
 
     def disarm(self) -> None:
         """Cancel the armed call. The thread is not woken (a trace's start calls this): it finds nothing due when its
@@ -236,6 +237,17 @@ class Deadline:
         due = self._due
         return None if due is None else max(0.0, due[0] - time.monotonic())
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until no call is armed within that time and none runs; True if so. For a caller
+        that must not share the host with a call due now (the pre-run hook, before the cell's clock starts)."""
+        end = time.monotonic() + timeout_s
+
+        def idle() -> bool:
+            return not self._busy and (self._due is None or self._due[0] > end)
+
+        with self._cond:
+            return self._cond.wait_for(idle, timeout_s)
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -248,7 +260,13 @@ class Deadline:
                     left = self._due[0] - time.monotonic()
                     if left <= 0:
                         token, self._due = self._due[1], None
+                        self._busy = True
                         break
                     self._cond.wait(left)
-            with contextlib.suppress(Exception):
-                self._fn(token)
+            try:
+                with contextlib.suppress(Exception):
+                    self._fn(token)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
