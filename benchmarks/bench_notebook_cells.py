@@ -19,7 +19,9 @@ baseline), untraced after a traced cell, traced after traced cells.
 
 Each row gives the timed cell's body (its own clock, as ``%%time`` would), the whole ``run_cell`` (IPython's work
 and every hook included), and our pre- and post-run hooks alone, as medians, and the body's paired difference to the
-baseline of the same round. Traced cells are checked to hold all 16 kernels.
+baseline of the same round; for traced cells also the trace's start (the cell's clock to the first line inside the
+``with``) and its end (the last line inside to the cell's clock, IPython's step to the next statement included).
+Traced cells are checked to hold all 16 kernels.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ from bench_any_cuda import pipeline_setup  # noqa: E402
 GAP_S = 0.2
 PIPELINE = "pipe.run({inputs}, {outputs})"
 LAUNCHES = "for _ in range({launches}):\n    _empty((1,), (1,), ())\n_sync()"
-TRACED = "_t0 = _clock()\nwith gw.trace() as _t:\n    {work}\n_ms = (_clock() - _t0) / 1e6"
+TRACED = (
+    "_t0 = _clock()\nwith gw.trace() as _t:\n    _t1 = _clock()\n    {work}\n    _t2 = _clock()\n"
+    "_t3 = _clock()\n_ms = (_t3 - _t0) / 1e6"
+)
 UNTRACED = "_t0 = _clock()\n{work}\n_ms = (_clock() - _t0) / 1e6\n_t = None"
 LAUNCH_COUNT = 2000
 #: mode: (the cells before it, the timed cell, its work); each work's first mode is the baseline of its rows
@@ -156,7 +161,9 @@ def main() -> None:
     shell, hooks, gw, inputs = notebook()
     cupti = gw.cupti
     linger_s = cupti.LINGER_S
-    rows: dict[str, dict[str, list[float]]] = {m: {"body": [], "cell": [], "pre": [], "post": []} for m in MODES}
+    rows: dict[str, dict[str, list[float]]] = {
+        m: {"body": [], "cell": [], "pre": [], "post": [], "enter": [], "exit": []} for m in MODES
+    }
     states: dict[str, dict[str, int]] = {m: {} for m in MODES}
     names = list(MODES)
     for r in range(args.rounds):
@@ -190,6 +197,10 @@ def main() -> None:
             row["cell"].append(total)
             row["pre"].append(hooks.ms["pre_run_cell"])
             row["post"].append(hooks.ms["post_run_cell"])
+            if trace is not None:
+                ns = shell.user_ns
+                row["enter"].append((ns["_t1"] - ns["_t0"]) / 1e6)
+                row["exit"].append((ns["_t3"] - ns["_t2"]) / 1e6)
     results = []
     for mode in MODES:
         row = rows[mode]
@@ -208,6 +219,14 @@ def main() -> None:
             "pre_run_hooks_ms_median": round(statistics.median(row["pre"]), 3),
             "post_run_hooks_ms_median": round(statistics.median(row["post"]), 3),
             "cupti_state_before": states[mode],
+            **(
+                {
+                    "trace_enter_ms_median": round(statistics.median(row["enter"]), 3),
+                    "trace_exit_ms_median": round(statistics.median(row["exit"]), 3),
+                }
+                if row["enter"]
+                else {}
+            ),
             "body_all": [round(x, 2) for x in row["body"]],
             **(
                 {"us_per_launch_median": round(statistics.median(row["body"]) * 1e3 / LAUNCH_COUNT, 3)}
