@@ -90,8 +90,21 @@ class FakeRaw:
         return False
 
 
+def _let_earlier_traces_finish() -> None:
+    """A trace from an earlier test (a real one, on a GPU) may still be harvesting: its harvester parks its source
+    when it ends, which must not land in the module state this fixture sets up."""
+    from gpuworkbench.trace import recorder
+
+    owner = recorder._CUPTI_OWNER
+    if owner is not None and owner._thread is not None:
+        owner._hurry.set()
+        owner._thread.join(10.0)
+    cupti_mod._PRIME.wait_idle(5.0)
+
+
 @pytest.fixture
 def fake_cupti(monkeypatch):
+    _let_earlier_traces_finish()
     kinds = enum.IntEnum(
         "ActivityKind",
         {
