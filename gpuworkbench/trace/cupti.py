@@ -1402,8 +1402,9 @@ def prime_here() -> int:
 def warm_for_cell() -> bool:
     """Before a notebook cell that traces (its pre-run hook, on the kernel's thread): where no source lingers, attach
     CUPTI if it was let go (~12–16 ms) and start a source and park it, so that the cell's trace takes it over instead
-    of doing that in the cell (enabling the kinds alone took ~0.45 ms on an H100); then prime the parked source on
-    this thread (``prime_here``). True if a source is parked for the cell. Nothing where a trace records, a block
+    of doing that in the cell (enabling the kinds alone took ~0.45 ms on an H100); call off its watch
+    (``_unwatch_parked``), prime it on this thread (``prime_here``) and wait for the prime thread, so that nothing of
+    ours runs beside the cell's start. True if a source is parked for the cell. Nothing where a trace records, a block
     holds, another tool holds CUPTI, CUPTI was never set up (``prepare``) or is attached with its kinds off after
     another tool."""
     if _ACTIVE is not None or _RAW is None or blocked() or other_client():
