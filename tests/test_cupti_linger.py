@@ -100,6 +100,13 @@ def _let_earlier_traces_finish() -> None:
         owner._hurry.set()
         owner._thread.join(10.0)
     cupti_mod._PRIME.wait_idle(5.0)
+    cupti_mod.let_go()  # a real CUPTI an earlier test left attached (False where there is none)
+    with cupti_mod._STATE_LOCK:
+        cupti_mod._LINGER.disarm()
+        cupti_mod._PRIME.disarm()
+        cupti_mod._cancel_reattach()
+    for deadline in (cupti_mod._LINGER, cupti_mod._PRIME, cupti_mod._REATTACH):
+        deadline.wait_idle(5.0)  # a call of an earlier test's state under way ends before this test's state is set
 
 
 @pytest.fixture
