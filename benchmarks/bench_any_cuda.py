@@ -318,9 +318,10 @@ def against_events() -> None:
 
 
 def launch_cost() -> None:
-    """An empty-kernel launch loop with CUPTI let go, inside ``gw.trace()`` and inside torch.profiler (activities=
-    [CUDA]), in alternating order (``--rounds``, 8): µs per launch and the median of paired ratios to let go. What
-    CUPTI's activity tracing costs a launch under each tool."""
+    """An empty-kernel launch loop with CUPTI let go, inside ``gw.trace()``, inside torch.profiler (activities=
+    [CUDA]) and inside ``gw.trace()`` with CUPTI's API-call records off, in alternating order (``--rounds``, 8): µs per
+    launch and the median of paired ratios to let go. What CUPTI's activity tracing costs a launch under each tool,
+    and how much of it the API-call records are."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -353,7 +354,18 @@ def launch_cost() -> None:
             loop(50)
             return loop(n)
 
-    captures = {"untraced": untraced, "ours": ours, "torch": theirs}
+    def ours_without_calls() -> float:
+        """Ours with no API-call records (no launch links, no placing by calls): what those records cost."""
+        cupti_source.let_go()  # the next source enables its kinds afresh, without the carriers
+        kinds, cupti_source.API_CARRIER_KINDS = cupti_source.API_CARRIER_KINDS, ()
+        try:
+            us = ours()
+        finally:
+            cupti_source.let_go()
+            cupti_source.API_CARRIER_KINDS = kinds
+        return us
+
+    captures = {"untraced": untraced, "ours": ours, "torch": theirs, "ours, no API-call records": ours_without_calls}
     us: dict[str, list[float]] = {k: [] for k in captures}
     names = list(captures)
     for r in range(_option("--rounds", 8)):
