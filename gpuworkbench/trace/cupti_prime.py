@@ -1,5 +1,4 @@
-"""Priming CUPTI after a source parks: a 4-byte copy, a memset and an empty kernel per device, on a stream of ours,
-through the driver.
+"""Priming CUPTI after a source parks: a 4-byte copy and memset per device, on a stream of ours, through the driver.
 
 Why: a parked source's forced flush hands every activity buffer back, and the next copy CUPTI records then costs its
 caller ~300 µs more than one recorded before (measured on an H200, ``benchmarks/probes/cupti_prime.py``, with the
@@ -40,31 +39,17 @@ def _check(status: int, what: str) -> None:
         raise PrimeFailed(f"{what} returned CUDA error {status}")
 
 
-#: An empty kernel, JIT-compiled by the driver for whatever device loads it (PTX for sm_75 runs on later GPUs).
-_EMPTY_KERNEL_PTX = b""".version 6.3
-.target sm_75
-.address_size 64
-.visible .entry gpuworkbench_prime()
-{
-    ret;
-}
-\0"""
-
-
 class _Device:
-    """One device's stream, 4 device bytes and an empty kernel, in the primary context they were made in
-    (``context_id``)."""
+    """One device's stream and 4 device bytes, in the primary context they were made in (``context_id``)."""
 
     def __init__(self) -> None:
         self.context_id: int | None = None
         self.stream = ctypes.c_void_p()
         self.pointer = ctypes.c_uint64()
         self.host = ctypes.c_uint32(0)  # pageable: the copy is staged, as most libraries' first copies are
-        self.function = ctypes.c_void_p()  # NULL where the module could not be loaded: no kernel is primed
 
     def make(self, lib: Any, context_id: int) -> None:
-        """A stream, 4 bytes and the empty kernel in the current context (pushed by the caller); on failure of the
-        stream or the bytes, nothing is left. The module goes with its context."""
+        """A stream and 4 bytes in the current context (pushed by the caller); on failure, nothing is left."""
         stream, pointer = ctypes.c_void_p(), ctypes.c_uint64()
         _check(lib.cuStreamCreate(ctypes.byref(stream), _CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         try:
@@ -72,12 +57,7 @@ class _Device:
         except PrimeFailed:
             lib.cuStreamDestroy_v2(stream)
             raise
-        module, function = ctypes.c_void_p(), ctypes.c_void_p()
-        if lib.cuModuleLoadData(ctypes.byref(module), _EMPTY_KERNEL_PTX) or lib.cuModuleGetFunction(
-            ctypes.byref(function), module, b"gpuworkbench_prime"
-        ):
-            function = ctypes.c_void_p()  # copies and memsets are still primed
-        self.stream, self.pointer, self.function, self.context_id = stream, pointer, function, context_id
+        self.stream, self.pointer, self.context_id = stream, pointer, context_id
 
 
 class Primer:
@@ -110,10 +90,6 @@ class Primer:
             lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_void_p]
             lib.cuCtxPushCurrent_v2.argtypes = [ctypes.c_void_p]
             lib.cuCtxGetId.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
-            lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
-            lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
-            dims = [ctypes.c_uint] * 7  # grid, block, shared bytes
-            lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, *dims, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
             self._lib = lib
         return self._lib or None
 
@@ -194,11 +170,6 @@ class Primer:
                     "cuMemcpyHtoDAsync",
                 )
                 _check(lib.cuMemsetD32Async(dev.pointer.value, 0, 1, dev.stream), "cuMemsetD32Async")
-                if dev.function.value:
-                    _check(
-                        lib.cuLaunchKernel(dev.function, 1, 1, 1, 1, 1, 1, 0, dev.stream, None, None),
-                        "cuLaunchKernel",
-                    )
                 return sid.value
             finally:
                 lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
