@@ -22,27 +22,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_any_cuda import time_calls  # noqa: E402
 
 CELL = "with gw.trace() as _t:\n    pipe.run(inputs, outputs)"
 BEFORE = {
     "other": "with gw.trace() as _w:\n    _other(_a, _b).wait()",
     "same": "with gw.trace() as _w:\n    pipe.run(inputs[:1], outputs[:1])",
 }
-
-
-def _timed(owner: object, name: str, label: str, first: dict[str, int], total: dict[str, int]) -> None:
-    original = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter_ns()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            ns = time.perf_counter_ns() - t0
-            first.setdefault(label, ns)
-            total[label] = total.get(label, 0) + ns
-
-    setattr(owner, name, wrapper)
 
 
 def child(variant: str) -> None:
@@ -62,15 +48,14 @@ def child(variant: str) -> None:
         shell.run_cell(BEFORE[variant], store_history=False).raise_error()
         ns["_w"].wait_pending()
         shell.run_cell("_untraced = 1", store_history=False).raise_error()  # the pre-run hook lets CUPTI go
-    first: dict[str, int] = {}
-    total: dict[str, int] = {}
-    _timed(Buffer, "copy_from_host_async", "h2d", first, total)
-    _timed(kernels.ElementwiseKernel, "__call__", "kernel", first, total)
+    times: dict[str, list[float]] = {}
+    time_calls(Buffer, "copy_from_host_async", "h2d", times)
+    time_calls(kernels.ElementwiseKernel, "__call__", "kernel", times)
     time.sleep(1.0)
     shell.run_cell(CELL, store_history=False).raise_error()
     ns["_t"].wait_pending()
-    out = {"kernel_first_ms": first["kernel"] / 1e6, "h2d_first_ms": first["h2d"] / 1e6}
-    print(json.dumps(out | {"kernels_total_ms": total["kernel"] / 1e6}), flush=True)
+    out = {"kernel_first_ms": times["kernel"][0], "h2d_first_ms": times["h2d"][0]}
+    print(json.dumps(out | {"kernels_total_ms": sum(times["kernel"])}), flush=True)
 
 
 def main() -> None:
