@@ -324,6 +324,31 @@ def test_sequential_traces_reuse_their_harvest_threads():
         buf.free()
 
 
+def test_an_idle_harvest_thread_does_not_keep_the_last_trace_alive():
+    """Once its loop has ended, a trace the user drops is freed: the pooled thread that ran the loop keeps no reference
+    while it waits for the next one (it used to, freeing the trace when the next trace's loop arrived, beside that
+    trace's first ops)."""
+    import gc
+    import weakref
+
+    dev = gw.Device(0, backend="cpu")
+    buf = dev.alloc(16, "float32")
+    try:
+        with gw.trace() as t:
+            buf.fill_bytes(0)
+        assert t.wait_pending(10)
+        t._thread.join(10)
+        gone = weakref.ref(t)
+        gc.disable()  # freed by its reference count, not by a collection
+        try:
+            del t
+            assert gone() is None
+        finally:
+            gc.enable()
+    finally:
+        buf.free()
+
+
 def test_a_warmed_harvest_thread_serves_the_next_trace():
     """``%load_ext`` starts one idle harvest thread (``THREADS.warm``), so that the first trace starts none."""
     import threading

@@ -47,8 +47,13 @@ class _Worker:
             try:
                 fn()
             finally:
-                run._done.set()
                 self.thread.name = "gpuworkbench-trace (idle)"
+                done = run._done
+                # the loop is a trace's bound method: held while this thread idles, it kept the trace alive, to be
+                # freed here when the next trace's loop arrived, beside that trace's first ops; dropped before a
+                # ``join`` returns
+                fn = run = None  # type: ignore[assignment]
+                done.set()
             if not self._pool._rest(self):
                 return
 
