@@ -324,6 +324,15 @@ def test_sequential_traces_reuse_their_harvest_threads():
         buf.free()
 
 
+def _finished_trace(buf) -> gw.Trace:
+    """A trace of one op on ``buf``'s device whose harvest loop has ended."""
+    with gw.trace() as t:
+        buf.fill_bytes(0)
+    assert t.wait_pending(10)
+    t._thread.join(10)
+    return t
+
+
 def test_an_idle_harvest_thread_does_not_keep_the_last_trace_alive():
     """Once its loop has ended, a trace the user drops is freed: the pooled thread that ran the loop keeps no reference
     while it waits for the next one (it used to, freeing the trace when the next trace's loop arrived, beside that
@@ -334,10 +343,7 @@ def test_an_idle_harvest_thread_does_not_keep_the_last_trace_alive():
     dev = gw.Device(0, backend="cpu")
     buf = dev.alloc(16, "float32")
     try:
-        with gw.trace() as t:
-            buf.fill_bytes(0)
-        assert t.wait_pending(10)
-        t._thread.join(10)
+        t = _finished_trace(buf)
         gone = weakref.ref(t)
         gc.disable()  # freed by its reference count, not by a collection
         try:
@@ -376,10 +382,7 @@ def test_a_trace_made_ahead_serves_the_next_trace_with_default_arguments(monkeyp
     dev = gw.Device(0, backend="cpu")
     buf = dev.alloc(16, "float32")
     try:
-        with gw.trace() as first:
-            buf.fill_bytes(0)
-        assert first.wait_pending(10)
-        first._thread.join(10)
+        first = _finished_trace(buf)
         assert len(recorder._SPARES) == 1
         spare = recorder._SPARES[0]
         assert spare is not first and not spare.recording and len(spare) == 0
