@@ -1412,16 +1412,22 @@ def warm_for_cell() -> bool:
     if not _ATTACHED:
         _reattach(_REATTACH_TOKEN)  # here, on the user's thread, between cells
     if _PARKED is None and _FRESH:
-        with contextlib.suppress(Exception):  # a trace that cannot start CUPTI says why when it tries
-            warm = CuptiSource()
-            warm.start()
-            warm.stop()
+        _park_new_source()
     if _PARKED is None:
         return False
     _unwatch_parked()
     prime_here()
     _PRIME.wait_idle(PRIME_WAIT_S)  # the cell's trace then starts with no prime or watch of ours under way
     return _PARKED is not None
+
+
+def _park_new_source() -> None:
+    """Start a source and stop it, so that its kinds stay on, parked for the next trace to take over (CUPTI's first
+    enabling of each kind paid here); nothing where it cannot start: a trace that cannot start CUPTI says why."""
+    with contextlib.suppress(Exception):
+        source = CuptiSource()
+        source.start()
+        source.stop()
 
 
 #: How long the pre-run hook waits for the prime thread (``warm_for_cell``); priming took ~1–3 ms on an H100.
@@ -1823,11 +1829,8 @@ def prepare() -> None:
             pass
     if attached:  # outside the lock, which start and stop take: CUPTI's first enabling of each kind, paid here;
         # the source stays parked for a first trace to take over
-        with contextlib.suppress(Exception):
-            warm = CuptiSource()
-            warm.start()
-            warm.stop()  # primed on the prime thread, which then watches
-            prime_here()  # and on the user's thread: part of what the first recorded op pays after a park is per thread
+        _park_new_source()  # primed on the prime thread, which then watches
+        prime_here()  # and on the user's thread: part of what the first recorded op pays after a park is per thread
 
 
 def _stop_active_at_exit() -> None:

@@ -100,13 +100,12 @@ def _read(where: str) -> Any:
             raise InvalidArgument(f"cannot load trace {where}: truncated gzip (the file ends mid-stream)") from None
         except (OSError, zlib.error) as exc:
             raise InvalidArgument(f"cannot load trace {where}: corrupt gzip ({exc})") from None
-    text = raw.strip()
-    if not text:
+    if not raw or raw.isspace():  # no stripped copy of a large file on the way to the parse
         raise InvalidArgument(f"cannot load trace {where}: the file is empty")
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        if isinstance(exc, json.JSONDecodeError) and _cut_short(text, exc):
+        if isinstance(exc, json.JSONDecodeError) and _cut_short(raw.strip(), exc):
             what = f"truncated JSON (it ends at byte {len(raw)} inside a value)"
         else:
             what = f"not JSON ({exc})"
