@@ -7,7 +7,6 @@ Run from the repository root: ``python benchmarks/bench_analysis.py [n_spans] [-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from bench_common import write_json
 
 from gpuworkbench.trace.analysis import gap_causes, state_segments, summarize, union
 from gpuworkbench.trace.spans import KIND_CODE, empty_table
@@ -81,9 +82,7 @@ def main() -> None:
     one_device = random_table(n, devices=1)
     results["summarize_one_device_ms"] = _best_of(3, summarize, one_device) * 1e3
     print(f"  summarize, 1 device  {results['summarize_one_device_ms']:8.1f} ms")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ def profiler_spans(prof) -> list[dict]:
 
 def device_spans(table: dict) -> list[dict]:
     """A trace table's device work as span dicts, in ``torch_spans``' form (stream ids as CUPTI's)."""
-    from gpuworkbench.trace.cupti_foreign import FOREIGN_STREAM_BASE
+    from gpuworkbench.trace.cupti.foreign import FOREIGN_STREAM_BASE
     from gpuworkbench.trace.spans import KINDS
 
     columns = ("kind", "stream", "start_ns", "end_ns", "bytes", "name", "pinned")
@@ -357,12 +357,12 @@ def launch_cost() -> None:
     def ours_without_calls() -> float:
         """Ours with no API-call records (no launch links, no placing by calls): what those records cost."""
         cupti_source.let_go()  # the next source enables its kinds afresh, without the carriers
-        kinds, cupti_source.API_CARRIER_KINDS = cupti_source.API_CARRIER_KINDS, ()
+        kinds, cupti_source.kinds.API_CARRIER_KINDS = cupti_source.kinds.API_CARRIER_KINDS, ()
         try:
             us = ours()
         finally:
             cupti_source.let_go()
-            cupti_source.API_CARRIER_KINDS = kinds
+            cupti_source.kinds.API_CARRIER_KINDS = kinds
         return us
 
     captures = {"untraced": untraced, "ours": ours, "torch": theirs, "ours, no API-call records": ours_without_calls}

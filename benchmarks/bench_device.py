@@ -16,29 +16,11 @@ import sys
 import time
 
 import numpy as np
+from bench_common import best_of, median_of, write_json
 
 MiB = 1 << 20
 #: Untraced / traced measurements alternate this many times; the ratio reported is the median of the pairs'.
 PAIRS = 5
-
-
-def best_of(fn, repeat: int = 5) -> float:
-    """Seconds of the fastest of ``repeat`` runs of ``fn`` (each run synchronises at its end)."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def median_of(fn, repeat: int = 7) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def import_time() -> float:
@@ -277,9 +259,7 @@ def main() -> None:
             results[part] = fn(gw, cp, dev)
             results[part]["bench_s"] = time.perf_counter() - t0
             print(part, json.dumps(results[part], indent=1), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     print(json.dumps(results, indent=1))
 
 

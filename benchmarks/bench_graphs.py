@@ -9,10 +9,10 @@ which driver calls are legal while a stream captures (what gpuworkbench's captur
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
+from bench_common import write_json
 
 KERNELS = 1000
 REPLAYS = 50
@@ -167,9 +167,7 @@ def main() -> None:
     print("legal inside a relaxed stream capture:")
     for name, verdict in results["capture_rules"].items():
         print(f"  {name:<34} {verdict}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json, results, indent=2)
 
 
 if __name__ == "__main__":

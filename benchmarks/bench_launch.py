@@ -19,7 +19,6 @@ synchronize) and the time per op with the synchronize; CPU target: enqueue ≤ 1
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from bench_common import write_json
 
 import gpuworkbench as gw
 
@@ -284,9 +284,7 @@ def main() -> None:
     }
     print(f"{dev.spec} {dev.name}: {rounds} rounds × {count} ops", flush=True)
     results["results"] = bench_cuda(dev, rounds, count) if cuda else bench_host(dev, rounds, count)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ back-to-back launches followed by one wait for the stream, timed with ``time.per
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -26,6 +25,8 @@ import numpy as np
 
 os.environ.setdefault("CUPY_TF32", "0")  # CuPy reads it at import: cuBLAS in full float32, as our kernel computes
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from bench_common import write_json
 
 import gpuworkbench as gw  # noqa: E402
 from gpuworkbench import library as lib  # noqa: E402
@@ -233,9 +234,7 @@ def main() -> None:
     else:
         met = [results["matmul"]["met"]] + [v["met"] for v in results["memory_bound"].values() if isinstance(v, dict)]
         print(f"targets met: {sum(met)} of {len(met)}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

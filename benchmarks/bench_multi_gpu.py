@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import threading
 import time
 
 import numpy as np
+from bench_common import write_json
 
 COPIES = 10  # peer copies per bandwidth sample
 PEER_TARGET = 0.97
@@ -61,7 +61,7 @@ def peer_copies(gw, cp, nbytes: int, rounds: int, src_index: int, dst_index: int
     ours_stream = dst_dev.create_stream("bench-peer")
     with src_dev.alloc(n) as x, dst_dev.alloc(n) as y:
         x.copy_from_host(data)
-        route = dst_dev._backend.peer_route(src_dev._backend)
+        route = dst_dev.backend_device.peer_route(src_dev.backend_device)
         with cp.cuda.Device(src_index):
             raw_src = cp.asarray(data)
         with cp.cuda.Device(dst_index):
@@ -323,9 +323,7 @@ def main() -> None:
                 f"  across devices (last two-GPU run): busy % {cross['busy_pct']}, slowest device "
                 f"{cross['slowest_device']}, waited {cross['waited_ns']} ns, advice {codes}"
             )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json, results, indent=2)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ extern "C" __global__ void scale(float* p, float a, long long n) {
         p[i] = p[i] * a;
 }
 
-extern "C" __global__ void sum(double* out, const float* p, long long n) {
+__device__ double block_sum(const float* p, long long n) {  // one block of 256 threads; every thread gets the sum
     __shared__ double partial[256];
     double s = 0.0;
     for (long long i = threadIdx.x; i < n; i += blockDim.x) s += p[i];
@@ -44,24 +44,21 @@ extern "C" __global__ void sum(double* out, const float* p, long long n) {
         if (threadIdx.x < k) partial[threadIdx.x] += partial[threadIdx.x + k];
         __syncthreads();
     }
-    if (threadIdx.x == 0) *out = partial[0];
+    return partial[0];
+}
+
+extern "C" __global__ void sum(double* out, const float* p, long long n) {
+    double total = block_sum(p, n);
+    if (threadIdx.x == 0) *out = total;
 }
 """
 
 SLOTTED = r"""
 extern "C" __global__ void echo_at(double* out, long long j, double a, double b) { out[j] = a + b; }
 
-extern "C" __global__ void sum_at(double* out, long long j, const float* p, long long n) {
-    __shared__ double partial[256];
-    double s = 0.0;
-    for (long long i = threadIdx.x; i < n; i += blockDim.x) s += p[i];
-    partial[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) partial[threadIdx.x] += partial[threadIdx.x + k];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) out[j] = partial[0];
+extern "C" __global__ void sum_at(double* out, long long j, const float* p, long long n) {  // after KERNELS
+    double total = block_sum(p, n);
+    if (threadIdx.x == 0) out[j] = total;
 }
 """
 
@@ -88,7 +85,7 @@ def workload(seed: int = 7) -> list[tuple[str, float]]:
 
 # ---------------------------------------------------------------------------------------------------------- persistent
 def persistent(gw, dev) -> dict:
-    from gpuworkbench import persistent as pmod
+    from gpuworkbench.persistent import ring as pmod
 
     out: dict = {}
     ops = workload()
@@ -116,13 +113,13 @@ def persistent(gw, dev) -> dict:
                 tickets.clear()
             out["inject_us"] = stats_us(samples)
             # the same round trip with none of the API around it: two stores, then a spin on the answer's number
-            mv, body, seq = pk._mv, pmod._BODY, pmod._I64
+            mv, body, seq = pk._mv, pmod.BODY, pmod.I64
             with pk._lock:
                 samples = []
                 for _ in range(ROUND_TRIPS):
                     t = pk._next
-                    slot = pmod._HEADER + (t % pk.capacity) * pmod._SLOT
-                    reply = slot + pk.capacity * pmod._SLOT
+                    slot = pmod.HEADER + (t % pk.capacity) * pmod.SLOT
+                    reply = slot + pk.capacity * pmod.SLOT
                     t0 = time.perf_counter_ns()
                     body.pack_into(mv, slot + 8, 1, 0, 0, 1.0, 2.0, 0)
                     seq.pack_into(mv, slot, t)
@@ -179,10 +176,48 @@ def run_dependent(ops, echo, scale, total) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------------------------- launches
+def launch_slotted(ops, scale, echo_at, sum_at) -> list[int]:
+    """Launch the workload with each answer written to its own slot (``echo_at(j, a)``, ``sum_at(j)``) and no wait:
+    the slots that hold answers, in order."""
+    slots = []
+    for j, (kind, a) in enumerate(ops):
+        if kind == "scale":
+            scale(a)
+            continue
+        if kind == "echo":
+            echo_at(j, a)
+        else:
+            sum_at(j)
+        slots.append(j)
+    return slots
+
+
+def round_trips(echo, inject, stream) -> dict:
+    """After 200 warm-up echoes: ROUND_TRIPS echoes each waited for (``round_trip_us``), then REPEAT bursts of
+    INJECTS echo launches with one synchronize after each burst, timing each launch alone (``inject_us``)."""
+    for _ in range(200):
+        echo(1, 2)
+    samples = []
+    for i in range(ROUND_TRIPS):
+        t0 = time.perf_counter_ns()
+        echo(i, 1.0)
+        samples.append(time.perf_counter_ns() - t0)
+    out = {"round_trip_us": stats_us(samples)}
+    samples = []
+    for _ in range(REPEAT):
+        for i in range(INJECTS):
+            t0 = time.perf_counter_ns()
+            inject(i)
+            samples.append(time.perf_counter_ns() - t0)
+        stream.synchronize()
+    out["inject_us"] = stats_us(samples)
+    return out
+
+
 def launches_gw(gw, dev) -> dict:
     out: dict = {}
     echo_k, scale_k, sum_k = (dev.compile(KERNELS, name) for name in ("echo", "scale", "sum"))
-    echo_at, sum_at = (dev.compile(SLOTTED, name) for name in ("echo_at", "sum_at"))
+    echo_at, sum_at = (dev.compile(KERNELS + SLOTTED, name) for name in ("echo_at", "sum_at"))
     s = dev.create_stream("bench-launch")
     ops = workload()
     with dev.alloc(1, "float64") as ans, dev.alloc(MIXED, "float64") as answers, dev.alloc(N, "float32") as buf:
@@ -203,22 +238,7 @@ def launches_gw(gw, dev) -> dict:
         def scale(a):
             scale_k((N + 255) // 256, 256, (buf, np.float32(a), n), stream=s)
 
-        for _ in range(200):
-            echo(1, 2)
-        samples = []
-        for i in range(ROUND_TRIPS):
-            t0 = time.perf_counter_ns()
-            echo(i, 1.0)
-            samples.append(time.perf_counter_ns() - t0)
-        out["round_trip_us"] = stats_us(samples)
-        samples = []
-        for _ in range(REPEAT):
-            for i in range(INJECTS):
-                t0 = time.perf_counter_ns()
-                echo_k(1, 1, (ans, np.float64(i), np.float64(1.0)), stream=s)
-                samples.append(time.perf_counter_ns() - t0)
-            s.synchronize()
-        out["inject_us"] = stats_us(samples)
+        out.update(round_trips(echo, lambda i: echo_k(1, 1, (ans, np.float64(i), np.float64(1.0)), stream=s), s))
         best_dep, best_pipe = float("inf"), float("inf")
         for _ in range(REPEAT):
             buf.copy_from_host(np.ones(N, np.float32))
@@ -228,16 +248,12 @@ def launches_gw(gw, dev) -> dict:
             buf.copy_from_host(np.ones(N, np.float32))
             t0 = time.perf_counter_ns()
             # each answer lands in its own slot of `answers`, then one copy back and one wait
-            slots = []
-            for j, (kind, a) in enumerate(ops):
-                if kind == "scale":
-                    scale(a)
-                    continue
-                if kind == "echo":
-                    echo_at(1, 1, (answers, np.int64(j), np.float64(a), np.float64(1.0)), stream=s)
-                else:
-                    sum_at(1, 256, (answers, np.int64(j), buf, n), stream=s)
-                slots.append(j)
+            slots = launch_slotted(
+                ops,
+                scale,
+                lambda j, a: echo_at(1, 1, (answers, np.int64(j), np.float64(a), np.float64(1.0)), stream=s),
+                lambda j: sum_at(1, 256, (answers, np.int64(j), buf, n), stream=s),
+            )
             answers.copy_to_host_async(hosts, s).wait()
             pipe = [float(hosts[j]) for j in slots]
             best_pipe = min(best_pipe, time.perf_counter_ns() - t0)
@@ -278,22 +294,7 @@ def launches_cupy(cp) -> dict:
     def scale(a):
         scale_k(((N + 255) // 256,), (256,), (buf, np.float32(a), n), stream=s)
 
-    for _ in range(200):
-        echo(1, 2)
-    samples = []
-    for i in range(ROUND_TRIPS):
-        t0 = time.perf_counter_ns()
-        echo(i, 1.0)
-        samples.append(time.perf_counter_ns() - t0)
-    out["round_trip_us"] = stats_us(samples)
-    samples = []
-    for _ in range(REPEAT):
-        for i in range(INJECTS):
-            t0 = time.perf_counter_ns()
-            echo_k((1,), (1,), (ans, np.float64(i), np.float64(1.0)), stream=s)
-            samples.append(time.perf_counter_ns() - t0)
-        s.synchronize()
-    out["inject_us"] = stats_us(samples)
+    out.update(round_trips(echo, lambda i: echo_k((1,), (1,), (ans, np.float64(i), np.float64(1.0)), stream=s), s))
     ops = workload()
     best_dep, best_pipe = float("inf"), float("inf")
     for _ in range(REPEAT):
@@ -307,16 +308,12 @@ def launches_cupy(cp) -> dict:
         buf.fill(1)
         cp.cuda.Stream.null.synchronize()
         t0 = time.perf_counter_ns()
-        slots = []
-        for j, (kind, a) in enumerate(ops):
-            if kind == "scale":
-                scale(a)
-                continue
-            if kind == "echo":
-                echo_at((1,), (1,), (answers, np.int64(j), np.float64(a), np.float64(1.0)), stream=s)
-            else:
-                sum_at((1,), (256,), (answers, np.int64(j), buf, n), stream=s)
-            slots.append(j)
+        slots = launch_slotted(
+            ops,
+            scale,
+            lambda j, a: echo_at((1,), (1,), (answers, np.int64(j), np.float64(a), np.float64(1.0)), stream=s),
+            lambda j: sum_at((1,), (256,), (answers, np.int64(j), buf, n), stream=s),
+        )
         rt.memcpyAsync(hosts.ctypes.data, answers.data.ptr, 8 * MIXED, d2h, s.ptr)
         s.synchronize()
         pipe = [float(hosts[j]) for j in slots]

@@ -8,7 +8,6 @@ Run from the repository root: ``python benchmarks/bench_statistics.py [n_spans] 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from bench_common import write_json
 
 from gpuworkbench.trace.spans import KIND_CODE, empty_table, thread_stream  # noqa: E402
 from gpuworkbench.trace.statistics import statistics  # noqa: E402
@@ -72,9 +73,7 @@ def main() -> None:
     results: dict = {"date": time.strftime("%Y-%m-%d"), "cpu_cores": os.cpu_count(), "spans": n}
     results["mixed"] = _time("mixed trace", n, repeats)
     results["kernels_only"] = _time("every span a kernel", n, repeats, kernels_only=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

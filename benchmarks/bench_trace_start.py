@@ -28,9 +28,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_any_cuda import pipeline_setup, time_calls, timed_run  # noqa: E402
+from bench_common import write_json
 
 from gpuworkbench.trace import cupti as cupti_source  # noqa: E402
 from gpuworkbench.trace import recorder  # noqa: E402
+from gpuworkbench.trace.cupti.detach import ExitDetach  # noqa: E402
 from gpuworkbench.trace.spans import KIND_CODE  # noqa: E402
 
 TIMES: dict[str, list[float]] = {}
@@ -123,7 +125,7 @@ def main() -> None:
     _timed(recorder.Trace, "stop", "Trace.stop")
     _timed(cupti_source.CuptiSource, "start", "CuptiSource.start")
     _timed(cupti_source.CuptiSource, "clock_sample", "CuptiSource.clock_sample")
-    _timed(cupti_source.ExitDetach, "disarm", "ExitDetach.disarm")
+    _timed(ExitDetach, "disarm", "ExitDetach.disarm")
     _timed(cupti_source.CuptiSource, "stop", "CuptiSource.stop (on the harvest thread)")
     empty = []
     _empty_trace(gw)
@@ -142,9 +144,7 @@ def main() -> None:
     }
     results.append(row)
     print(json.dumps(row), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,13 @@ really leaves through IOPub as comm messages, as in a notebook, and the messages
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from bench_common import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
@@ -304,16 +305,12 @@ def main() -> None:
     results: dict = {"date": time.strftime("%Y-%m-%d"), "cpu_cores": os.cpu_count()}
     if args.browser:
         results["browser"] = bench_browser(args.browser_spans)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(args.json, results)
         return
     results["timeline"] = bench_timeline(args.spans)
     results["live"] = bench_live(args.seconds, args.repeats, args.rate)
     results["live"].update(seconds=args.seconds, pairs=args.repeats, rate_hz=args.rate)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     if args.kernel:
         bench_live_in_kernel(args.seconds, args.repeats, args.rate)
 

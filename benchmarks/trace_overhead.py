@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from bench_common import write_json
 
 EMPTY = 'extern "C" __global__ void empty(float* x) {}'
 
@@ -53,7 +54,7 @@ class Flusher(threading.Thread):
 def api_costs(cp, raw, arr, stream, count: int) -> None:
     """µs per call of single CUDA API calls with CUPTI off, and on with each set of API carrier kinds."""
     from gpuworkbench.trace import cupti as cupti_mod
-    from gpuworkbench.trace.cupti import CuptiSource
+    from gpuworkbench.trace.cupti import kinds
 
     event = cp.cuda.Event(block=False, disable_timing=True)
     rt = cp.cuda.runtime
@@ -78,8 +79,8 @@ def api_costs(cp, raw, arr, stream, count: int) -> None:
         for setting, carriers in settings.items():
             src = None
             if carriers is not None:
-                cupti_mod.API_CARRIER_KINDS = carriers
-                src = CuptiSource()
+                kinds.API_CARRIER_KINDS = carriers
+                src = cupti_mod.new_source()
                 src.start()
             pushes = {}
             if src is not None:
@@ -100,7 +101,7 @@ def api_costs(cp, raw, arr, stream, count: int) -> None:
             if src is not None:
                 src.stop()
                 src.flush_columns()
-    cupti_mod.API_CARRIER_KINDS = ("DRIVER", "RUNTIME")
+    kinds.API_CARRIER_KINDS = ("DRIVER", "RUNTIME")
     medians = {s: {n: round(statistics.median(v), 2) for n, v in c.items()} for s, c in table.items()}
     print(json.dumps(medians, indent=1))
 
@@ -176,7 +177,7 @@ def main() -> None:
     import cupy as cp
 
     import gpuworkbench as gw
-    from gpuworkbench.trace.cupti import CuptiSource
+    from gpuworkbench.trace.cupti import new_source
 
     dev = gw.Device("cuda:0")
     k = dev.compile(EMPTY, "empty")
@@ -198,7 +199,7 @@ def main() -> None:
         s.synchronize()
 
     def raw_cupti(push: bool, bare: bool = False) -> float:
-        src = CuptiSource()
+        src = new_source()
         src.start()
         p, q, kind = src.external_id_calls()
         flusher = Flusher(src, bare)
@@ -273,14 +274,14 @@ def main() -> None:
             carriers = ("DRIVER", "RUNTIME")
 
             def __enter__(self) -> None:
-                from gpuworkbench.trace import cupti as cupti_mod
+                from gpuworkbench.trace.cupti import kinds
 
-                saved, cupti_mod.API_CARRIER_KINDS = cupti_mod.API_CARRIER_KINDS, self.carriers
+                saved, kinds.API_CARRIER_KINDS = kinds.API_CARRIER_KINDS, self.carriers
                 try:
-                    self.src = CuptiSource()
+                    self.src = new_source()
                     self.src.start()
                 finally:
-                    cupti_mod.API_CARRIER_KINDS = saved
+                    kinds.API_CARRIER_KINDS = saved
 
             def __exit__(self, *exc: object) -> None:
                 self.src.stop()
@@ -314,32 +315,32 @@ def main() -> None:
 
     def flush_each() -> float:
         """The earlier policy: a CUPTI flush at every harvest, 4 MiB buffers."""
-        from gpuworkbench.trace import cupti as cupti_mod
+        from gpuworkbench.trace.cupti import binding, source
 
-        saved = cupti_mod.FLUSH_IDLE_S, cupti_mod.BUFFER_BYTES
-        cupti_mod.FLUSH_IDLE_S, cupti_mod.BUFFER_BYTES = None, 4 << 20
+        saved = source.FLUSH_IDLE_S, binding.BUFFER_BYTES
+        source.FLUSH_IDLE_S, binding.BUFFER_BYTES = None, 4 << 20
         try:
             return traced("cupti", key="flush_each")
         finally:
-            cupti_mod.FLUSH_IDLE_S, cupti_mod.BUFFER_BYTES = saved
+            source.FLUSH_IDLE_S, binding.BUFFER_BYTES = saved
 
     def phases() -> None:
         """CPU time per op of each harvester phase, by wrapping them (one traced run)."""
-        from gpuworkbench.trace import cupti as cupti_mod
-        from gpuworkbench.trace import cupti_join, cupti_ops, recorder
+        from gpuworkbench.trace import columns, recorder
+        from gpuworkbench.trace.cupti import decode, join, ops, source, walk
 
         spent: dict[str, float] = {}
         targets = [
             (recorder.Trace, "harvest"),
-            (cupti_mod.CuptiSource, "flush_columns"),
-            (cupti_mod.CuptiSource, "_decode"),
-            (cupti_mod._RawCupti, "walk"),
-            (cupti_join.ExternalIdJoin, "join"),
-            (cupti_ops.CuptiOps, "add_records"),
-            (cupti_ops.CuptiOps, "harvest"),
-            (cupti_ops.CuptiOps, "take_rows"),
-            (cupti_ops.CuptiOps, "resolve"),
-            (recorder._Columns, "extend_columns"),
+            (source.CuptiSource, "flush_columns"),
+            (decode.RecordDecoder, "decode"),
+            (walk.RecordWalker, "walk"),
+            (join.ExternalIdJoin, "join"),
+            (ops.CuptiOps, "add_records"),
+            (ops.CuptiOps, "harvest"),
+            (ops.CuptiOps, "take_rows"),
+            (ops.CuptiOps, "resolve"),
+            (columns.Columns, "extend_columns"),
         ]
         saved = []
         for owner, name in targets:
@@ -374,7 +375,7 @@ def main() -> None:
 
     def bare_cupti() -> float:
         """Our untraced launches while a CuptiSource records (no external ids, nothing flushed until the end)."""
-        src = CuptiSource()
+        src = new_source()
         src.start()
         try:
             return per_launch_us(ours, count)
@@ -399,7 +400,7 @@ def main() -> None:
         "ours_cupti_flush_each_4MiB": flush_each,
         "ours_events": lambda: traced("events"),
     }
-    pools = dev._backend._pools
+    pools = dev.backend_device._pools
 
     def counted(name: str, fn: Callable[[], float]) -> Callable[[], float]:
         def run() -> float:
@@ -442,9 +443,7 @@ def main() -> None:
             summary[key] = statistics.median(values)
     results["median"] = summary
     print(json.dumps(summary, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import ops
+from ._version import __version__
 from .buffer import Buffer
 from .device import BackendKind, Device, backend_status, devices
 from .errors import (
@@ -46,10 +47,8 @@ from .streams import Event, Stream, StreamAssignment, StreamPool, StreamSet
 from .trace import cupti
 from .trace.compare import compare
 from .trace.kineto import load_trace
-from .trace.recorder import Trace
+from .trace.recorder import Trace, provide_crossovers
 from .trace.recorder import new_trace as _new_trace
-
-__version__ = "0.1.0"
 
 
 def trace(
@@ -83,18 +82,29 @@ def __getattr__(name: str) -> Any:
     if name in ("dask", "library"):
         return importlib.import_module(f".{name}", __name__)
     if name in ("crossover", "CrossoverResult"):
-        return getattr(importlib.import_module(".crossovers", __name__), name)
+        return getattr(importlib.import_module(".library.crossover_measure", __name__), name)
     raise AttributeError(f"module 'gpuworkbench' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's shell
     """``%load_ext gpuworkbench``: registers the ``%gpu`` and ``%%gpu`` magics and the JupyterLab panel's comm."""
-    from .comm import register as serve_panel
-    from .magics import register
+    from .notebook.comm import register as serve_panel
+    from .notebook.magics import register
 
     register(ipython)
     serve_panel(ipython)  # a no-op outside a Jupyter kernel
     _prepare_tracing()
+
+
+def _cached_crossovers(trace: Trace) -> Any:
+    """The crossover figures cached for ``trace``'s devices (``gw.crossover``), for its summary's advice: the kernel
+    library is imported only when a summary asks."""
+    from .library.crossover_cache import cached_crossovers
+
+    return cached_crossovers(trace)
+
+
+provide_crossovers(_cached_crossovers)
 
 
 def _prepare_tracing() -> None:
@@ -136,6 +146,7 @@ __all__ = [
     "StreamPool",
     "StreamSet",
     "Trace",
+    "__version__",
     "backend_status",
     "barrier",
     "compare",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .trace import recorder
+from . import listeners
 
 if TYPE_CHECKING:
     from .streams import Stream
@@ -30,13 +30,13 @@ def enqueue(
     recording this costs one list check; when one is, the op is timed by the device (or by CUPTI) and recorded
     without any sync.
     """
-    capture = stream._capture
+    capture = stream.capturing
     if capture is not None:  # inside ``with stream.capture()``: the graph records the op instead of running it
-        return capture._add(stream, kind, nbytes, name, pinned, call, keep)
-    traces = recorder.ACTIVE
+        return capture.add(stream, kind, nbytes, name, pinned, call, keep)
+    traces = listeners.RECORDING
     if not traces:
         completion = call(False)
-        stream._track(completion, keep)
+        stream.track(completion, keep)
         return completion
     if len(traces) == 1:
         return traces[0].record_op(stream, kind, nbytes, name, pinned, call, keep, many)
@@ -48,7 +48,7 @@ def enqueue(
     t0 = time.time_ns()  # a CUPTI trace claims the CUDA calls this thread makes until t1
     completion = call(timed)
     t1 = time.time_ns()
-    stream._track(completion, keep)
+    stream.track(completion, keep)
     for (t, n), op_id in zip(numbered, ids):
         t.op_end(op_id, n, stream.id, kind, nbytes, name, pinned, enqueue_ns, completion, many, (t0, t1))
     return completion
@@ -59,9 +59,9 @@ def enqueue_call(
 ) -> Any:
     """``enqueue`` of the op ``fn(*args, timed)``: when nothing traces or captures, it is called at once with
     ``timed=False`` and no closure is made (the launch path); otherwise it goes through ``enqueue``."""
-    if stream._capture is None and not recorder.ACTIVE:
+    if stream.capturing is None and not listeners.RECORDING:
         completion = fn(*args, False)
-        stream._track(completion, keep)
+        stream.track(completion, keep)
         return completion
     return enqueue(stream, kind, nbytes, name, pinned, partial(fn, *args), keep)
 
@@ -69,11 +69,11 @@ def enqueue_call(
 def host_event(device: Any, kind: str, nbytes: int, name: str, start_ns: int, address: int = 0) -> None:
     """Record an allocation or free (host-side, already finished) and a memory sample in every active trace;
     ``address`` (a device pointer) tells a CUPTI trace that this allocation is the workbench's own."""
-    traces = recorder.ACTIVE
+    traces = listeners.RECORDING
     if not traces:
         return
     end_ns = time.perf_counter_ns()
-    used = device._used_bytes_for_trace()
+    used = device.used_bytes()
     for t in list(traces):
         n = t.device_number(device)
         t.host_event(n, kind, nbytes, name, start_ns, end_ns, address)

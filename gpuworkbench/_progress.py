@@ -8,15 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 
-def in_notebook() -> bool:
-    """True under a Jupyter kernel (widgets and HTML render there), False in a terminal, a script or a test shell."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return getattr(get_ipython(), "kernel", None) is not None
-
-
 class Progress:
     """``step(what)`` after each of ``total`` steps; ``close()`` at the end. ``quiet``: neither bar nor text."""
 

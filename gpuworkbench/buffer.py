@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _dispatch
+from . import _dispatch, listeners
+from ._format import binary_bytes
 from ._memory import as_dtype
 from .backends.base import BufferArg
-from .errors import BufferClosed, InvalidArgument, _fmt_bytes
+from .errors import BufferClosed, InvalidArgument
+from .op_names import PEER_ROUTES, peer_copy_name
 from .streams import Event, Stream
-from .trace import recorder
-from .trace.spans import PEER_ROUTES, peer_copy_name
 
 if TYPE_CHECKING:
     from .device import Device
@@ -32,11 +32,11 @@ class Buffer:
     on_free: list[Callable[[], None]] = []  # called after every free (kernels drop the launches they prepared)
 
     def __init__(self, device: Device, n: int, dtype: np.dtype, handle: Any) -> None:
-        self.device, self._len, self.dtype, self._handle = device, n, dtype, handle
+        self.device, self.length, self.dtype, self.handle = device, n, dtype, handle
         self._shape: tuple[int, ...] = (n,)
         # stream id -> completion of the last op on that stream using this buffer; a peer copy's stream on another
         # device is keyed ("peer", id(device), stream id)
-        self._inflight: dict[Any, Any] = {}
+        self.inflight: dict[Any, Any] = {}
         self._freed = False
         self._lock = threading.Lock()
 
@@ -44,7 +44,7 @@ class Buffer:
     def allocate(cls, device: Device, n: int | Sequence[int], dtype: Any = "float32") -> Buffer:
         """Allocate ``n`` elements of ``dtype`` on ``device`` (uninitialised); ``n`` may be a shape, ``(rows, cols)``.
         Raises OutOfMemory when it won't fit."""
-        ledger = device._memory
+        ledger = device.ledger
         ledger.check_open()
         shape = _shape(n) if isinstance(n, (tuple, list)) else None
         if shape is not None:
@@ -54,7 +54,7 @@ class Buffer:
         dt = as_dtype(dtype)
         nbytes = int(n) * dt.itemsize
         start = time.perf_counter_ns()
-        handle = device._backend.alloc(nbytes)
+        handle = device.backend_device.alloc(nbytes)
         buf = cls(device, int(n), dt, handle)
         if shape is not None:
             buf._shape = shape
@@ -63,11 +63,11 @@ class Buffer:
 
     # ------------------------------------------------------------------ facts
     def __len__(self) -> int:
-        return self._len
+        return self.length
 
     @property
     def len(self) -> int:
-        return self._len
+        return self.length
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -77,8 +77,8 @@ class Buffer:
     @shape.setter
     def shape(self, shape: int | Sequence[int]) -> None:
         dims = _shape(shape if isinstance(shape, (tuple, list)) else (shape,))
-        if int(np.prod(dims, dtype=np.int64)) != self._len:
-            raise InvalidArgument(f"shape {dims} does not hold the {self._len} elements of {self._describe()}")
+        if int(np.prod(dims, dtype=np.int64)) != self.length:
+            raise InvalidArgument(f"shape {dims} does not hold the {self.length} elements of {self.describe()}")
         self._shape = dims
 
     @property
@@ -87,46 +87,48 @@ class Buffer:
 
     @property
     def size_bytes(self) -> int:
-        return self._len * self.dtype.itemsize
+        return self.length * self.dtype.itemsize
 
     @property
     def closed(self) -> bool:
         return self._freed
 
-    def _check(self) -> Any:
+    def check(self) -> Any:
         if self._freed:
-            raise BufferClosed(f"{self._describe()} was freed; allocate a new buffer")
+            raise BufferClosed(f"{self.describe()} was freed; allocate a new buffer")
         if self.device.closed:
-            raise BufferClosed(f"{self._describe()} belongs to closed device {self.device.spec}")
-        return self._handle
+            raise BufferClosed(f"{self.describe()} belongs to closed device {self.device.spec}")
+        return self.handle
 
-    def _describe(self) -> str:
-        return f"buffer of {self._len} {self.dtype} on {self.device.spec}"
+    def describe(self) -> str:
+        return f"buffer of {self.length} {self.dtype} on {self.device.spec}"
 
-    _karg: Any = None  # this buffer as its backend's launch takes it (``kernel_arg``), made at the first launch
+    #: This buffer as its backend's launch takes it (``kernel_arg``), made at the first launch (``arg()``) and dropped
+    #: when the buffer is freed; the launch path reads it directly.
+    karg: Any = None
 
-    def _arg(self) -> Any:
+    def arg(self) -> Any:
         """The buffer as a kernel argument, made once (handle, dtype and length never change while it lives);
         BufferClosed once it is freed or its device closed."""
         if self._freed or self.device.closed:
-            self._check()
-        arg = self._karg
+            self.check()
+        arg = self.karg
         if arg is None:
-            arg = self._karg = self.device._backend.kernel_arg(BufferArg(self._check(), self.dtype, self._len))
+            arg = self.karg = self.device.backend_device.kernel_arg(BufferArg(self.check(), self.dtype, self.length))
         return arg
 
-    def _touch(self, stream_id: Any, completion: Any) -> None:
+    def touch(self, stream_id: Any, completion: Any) -> None:
         # Streams are in order: the last op on a stream stands for every earlier one there. O(1) on the launch path.
-        self._inflight[stream_id] = completion
+        self.inflight[stream_id] = completion
 
-    def _order_after_inflight(self, stream: Stream) -> None:
+    def order_after_inflight(self, stream: Stream) -> None:
         """Make ``stream`` wait (device-side) for every unfinished op on this buffer from other streams; ``stream`` may
         be another device's (a peer copy), whose backend then waits for this device's completions."""
         same = stream.device is self.device
         with self._lock:
-            pending = [c for sid, c in list(self._inflight.items()) if not (same and sid == stream.id) and not c.done()]
+            pending = [c for sid, c in list(self.inflight.items()) if not (same and sid == stream.id) and not c.done()]
         for c in pending:
-            stream.device._backend.wait_event(stream._raw, c)
+            stream.device.backend_device.wait_event(stream.raw, c)
 
     # ------------------------------------------------------------------ checks
     def _check_host(self, host: Any, *, writable: bool, asynchronous: bool) -> np.ndarray:
@@ -135,10 +137,10 @@ class Buffer:
         dtype = host.dtype
         if dtype is not self.dtype and dtype != self.dtype:  # ``is``: NumPy's built-in dtypes are one object each
             raise InvalidArgument(
-                f"{self._describe()} holds {self.dtype}, host array is {host.dtype}; convert with .astype({self.dtype})"
+                f"{self.describe()} holds {self.dtype}, host array is {host.dtype}; convert with .astype({self.dtype})"
             )
-        if host.size != self._len:
-            raise InvalidArgument(f"{self._describe()} holds {self._len} {self.dtype}, host array has {host.size}")
+        if host.size != self.length:
+            raise InvalidArgument(f"{self.describe()} holds {self.length} {self.dtype}, host array has {host.size}")
         flags = host.flags  # a new object per read
         if writable and not flags.writeable:
             raise InvalidArgument("the destination host array is read-only")
@@ -162,7 +164,7 @@ class Buffer:
     def _pinned_flag(self, host: np.ndarray) -> int:
         if not self.device.caps.pinned_memory:
             return -1
-        return int(self.device._backend.is_pinned(host))
+        return int(self.device.backend_device.is_pinned(host))
 
     # ------------------------------------------------------------------ copies
     def copy_from_host_async(self, host: np.ndarray, stream: Stream, name: str | None = None) -> Event:
@@ -177,45 +179,45 @@ class Buffer:
     def _host_copy_async(self, kind: str, host: np.ndarray, stream: Stream, name: str | None) -> Event:
         # The launch path of small copies: every check stays; the span's name and the pinned flag are worked out
         # only when a trace or a capture will read them.
-        handle = self._check()
+        handle = self.check()
         host = self._check_host(host, writable=kind == "d2h", asynchronous=True)
         if stream is None or type(stream) is not Stream or stream.device is not self.device:
             stream = self._stream(stream)
         if stream.closed:
-            stream._check_open()
-        backend = self.device._backend
+            stream.check_open()
+        backend = self.device.backend_device
         if kind == "h2d":
-            fn, args = backend.copy_h2d, (handle, 0, host, stream._raw)
+            fn, args = backend.copy_h2d, (handle, 0, host, stream.raw)
         else:
-            fn, args = backend.copy_d2h, (host, handle, 0, stream._raw)
-        if stream._capture is None and not recorder.ACTIVE:  # _dispatch.enqueue_call's quiet branch, inlined
+            fn, args = backend.copy_d2h, (host, handle, 0, stream.raw)
+        if stream.capturing is None and not listeners.RECORDING:  # _dispatch.enqueue_call's quiet branch, inlined
             completion = fn(*args, False)
-            stream._inflight.append((completion, host))  # Stream._track, inlined: ``host`` kept alive until done
-            stream._appended += 1
-            if stream._appended & 63 == 0:
-                stream._prune_now()
+            stream.inflight.append((completion, host))  # Stream._track, inlined: ``host`` kept alive until done
+            stream.appended += 1
+            if stream.appended & 63 == 0:
+                stream.prune_now()
         else:
             nbytes = self.size_bytes
             name = name or _copy_name(kind, nbytes)
             completion = _dispatch.enqueue_call(stream, kind, nbytes, name, self._pinned_flag(host), fn, args, host)
-        self._inflight[stream.id] = completion  # _touch, inlined
+        self.inflight[stream.id] = completion  # _touch, inlined
         return Event(completion, stream, host)
 
     def copy_from_host(self, host: np.ndarray) -> None:
         """Copy ``host`` into the buffer. Blocks until done (after the buffer's earlier ops on any stream)."""
-        self._check()
+        self.check()
         host = self._check_host(host, writable=False, asynchronous=False)
         stream = self.device.default_stream
-        self._order_after_inflight(stream)
+        self.order_after_inflight(stream)
         self.copy_from_host_async(host, stream).wait()
 
     def copy_to_host(self, out: np.ndarray | None = None) -> np.ndarray:
         """Return the buffer's contents as a new host array of its ``shape`` (or in ``out``). Blocks until done."""
-        self._check()
-        host = np.empty(self._len, dtype=self.dtype) if out is None else out
+        self.check()
+        host = np.empty(self.length, dtype=self.dtype) if out is None else out
         host = self._check_host(host, writable=True, asynchronous=False)
         stream = self.device.default_stream
-        self._order_after_inflight(stream)
+        self.order_after_inflight(stream)
         self.copy_to_host_async(host, stream).wait()
         return host.reshape(self._shape) if out is None else host
 
@@ -226,73 +228,73 @@ class Buffer:
         On one device it is a byte copy (equal sizes in bytes). ``other`` may be on another device of the same backend
         (a peer copy: same dtype and length): CUDA copies peer to peer where the driver allows it, else through host
         memory, as OpenCL always does. With no ``stream`` the copy waits for unfinished work on both buffers."""
-        dst, src = self._check(), other._check()
+        dst, src = self.check(), other.check()
         if other.device is not self.device:
             return self._copy_peer(other, dst, src, stream, name)
         if other.size_bytes != self.size_bytes:
-            raise InvalidArgument(f"{self._describe()} cannot take {other._describe()}: sizes differ")
+            raise InvalidArgument(f"{self.describe()} cannot take {other.describe()}: sizes differ")
         s = self._stream(stream)
         if stream is None:
-            self._order_after_inflight(s)
-            other._order_after_inflight(s)
+            self.order_after_inflight(s)
+            other.order_after_inflight(s)
         if other is self:  # nothing to move (and OpenCL refuses overlapping copies): just mark the point in the stream
             return s.record()
-        backend, nbytes = self.device._backend, self.size_bytes
-        event = s._enqueue(
+        backend, nbytes = self.device.backend_device, self.size_bytes
+        event = s.enqueue(
             "d2d",
             nbytes,
-            name or f"d2d {_fmt_bytes(nbytes)}",
+            name or f"d2d {binary_bytes(nbytes)}",
             -1,
-            lambda timed: backend.copy_d2d(dst, 0, src, 0, nbytes, s._raw, timed),
+            lambda timed: backend.copy_d2d(dst, 0, src, 0, nbytes, s.raw, timed),
         )
-        self._touch(event.stream.id, event._completion)
-        other._touch(event.stream.id, event._completion)
+        self.touch(event.stream.id, event.completion)
+        other.touch(event.stream.id, event.completion)
         return event
 
     def _copy_peer(self, other: Buffer, dst: Any, src: Any, stream: Stream | None, name: str | None) -> Event:
         """``copy_from`` across two devices of one backend: a ``d2d`` span on this device's stream whose name ends in
-        ``[SRC → DST, ROUTE]`` (``trace.spans.peer_copy_name``), so the analysis can tell peer copies and their path."""
+        ``[SRC → DST, ROUTE]`` (``op_names.peer_copy_name``), so the analysis can tell peer copies and their path."""
         if other.device.backend_kind is not self.device.backend_kind:
             raise InvalidArgument(
-                f"copy_from needs both buffers on one device, or on two devices of one backend: {self._describe()} "
-                f"cannot take {other._describe()}; copy through the host (copy_to_host, then copy_from_host)"
+                f"copy_from needs both buffers on one device, or on two devices of one backend: {self.describe()} "
+                f"cannot take {other.describe()}; copy through the host (copy_to_host, then copy_from_host)"
             )
-        if other.dtype != self.dtype or other._len != self._len:
+        if other.dtype != self.dtype or other.length != self.length:
             raise InvalidArgument(
-                f"{self._describe()} cannot take {other._describe()}: a copy between devices needs the same dtype and "
+                f"{self.describe()} cannot take {other.describe()}: a copy between devices needs the same dtype and "
                 "length"
             )
         s = self._stream(stream)
-        backend, source = self.device._backend, other.device._backend
+        backend, source = self.device.backend_device, other.device.backend_device
         route = backend.peer_route(source)
         if stream is None:
-            self._order_after_inflight(s)
-            other._order_after_inflight(s)
+            self.order_after_inflight(s)
+            other.order_after_inflight(s)
         nbytes = self.size_bytes
         path = PEER_ROUTES[0] if route.direct else PEER_ROUTES[2] if route.possible else PEER_ROUTES[1]
-        label = peer_copy_name(name or f"p2p {_fmt_bytes(nbytes)}", other.device.spec, self.device.spec, path)
-        event = s._enqueue(
-            "d2d", nbytes, label, -1, lambda timed: backend.copy_peer(dst, source, src, nbytes, s._raw, timed)
+        label = peer_copy_name(name or f"p2p {binary_bytes(nbytes)}", other.device.spec, self.device.spec, path)
+        event = s.enqueue(
+            "d2d", nbytes, label, -1, lambda timed: backend.copy_peer(dst, source, src, nbytes, s.raw, timed)
         )
-        self._touch(event.stream.id, event._completion)
-        other._touch(("peer", id(self.device), event.stream.id), event._completion)
+        self.touch(event.stream.id, event.completion)
+        other.touch(("peer", id(self.device), event.stream.id), event.completion)
         return event
 
     def fill_bytes(self, byte: int = 0, stream: Stream | None = None, name: str | None = None) -> Event:
         """Set every byte to ``byte`` (a memset) on ``stream``. Non-blocking."""
-        handle = self._check()
+        handle = self.check()
         if not isinstance(byte, (int, np.integer)) or not 0 <= byte <= 255:
             raise InvalidArgument(f"fill_bytes takes a byte value 0..255, got {byte!r}")
         s = self._stream(stream)
-        backend, nbytes = self.device._backend, self.size_bytes
-        event = s._enqueue(
+        backend, nbytes = self.device.backend_device, self.size_bytes
+        event = s.enqueue(
             "memset",
             nbytes,
-            name or f"memset {_fmt_bytes(nbytes)}",
+            name or f"memset {binary_bytes(nbytes)}",
             -1,
-            lambda timed: backend.fill(handle, nbytes, byte, s._raw, timed),
+            lambda timed: backend.fill(handle, nbytes, byte, s.raw, timed),
         )
-        self._touch(event.stream.id, event._completion)
+        self.touch(event.stream.id, event.completion)
         return event
 
     # ------------------------------------------------------------------ lifetime
@@ -301,16 +303,16 @@ class Buffer:
         if self._freed or self.device.closed:
             return
         with self._lock:
-            pending, self._inflight = list(self._inflight.values()), {}
+            pending, self.inflight = list(self.inflight.values()), {}
         for c in pending:
             c.wait()
         start = time.perf_counter_ns()
-        self.device._backend.free(self._handle)
-        self._freed, self._handle, self._karg = True, None, None
+        self.device.backend_device.free(self.handle)
+        self._freed, self.handle, self.karg = True, None, None
         Buffer.frees += 1  # after _freed: Kernel's prepared launches are checked against it
         for hook in Buffer.on_free:
             hook()
-        self.device._memory.freed(self.size_bytes, start)
+        self.device.ledger.freed(self.size_bytes, start)
 
     def __enter__(self) -> Buffer:
         return self
@@ -330,26 +332,26 @@ class Buffer:
         """Zero-copy view for CuPy, PyTorch and Numba (CUDA and ROCm buffers only)."""
         if not self.device.caps.device_pointers:  # checked first so that hasattr() is False even once freed
             raise AttributeError(f"{self.device.backend_kind.value} buffers have no device pointer")
-        handle = self._check()
+        handle = self.check()
         return {
             "shape": self._shape,
             "typestr": self.dtype.str,
-            "data": (int(self.device._backend.device_pointer(handle)), False),
+            "data": (int(self.device.backend_device.device_pointer(handle)), False),
             "version": 3,
             "strides": None,
             "stream": None,
         }
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else _fmt_bytes(self.size_bytes)
-        count = self._len if len(self._shape) == 1 else " × ".join(map(str, self._shape))
+        state = "freed" if self._freed else binary_bytes(self.size_bytes)
+        count = self.length if len(self._shape) == 1 else " × ".join(map(str, self._shape))
         return f"<Buffer {count} × {self.dtype} on {self.device.spec} ({state})>"
 
 
 @lru_cache(maxsize=256)
 def _copy_name(kind: str, nbytes: int) -> str:
     """A copy's default span name ("h2d 4.0 KiB"), made once per kind and size rather than per copy."""
-    return f"{kind} {_fmt_bytes(nbytes)}"
+    return f"{kind} {binary_bytes(nbytes)}"
 
 
 def _shape(dims: Sequence[Any]) -> tuple[int, ...]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import GpuError, _fmt_bytes
+from ._format import binary_bytes
+from .errors import GpuError
 
 
 def _info() -> int:
@@ -19,7 +20,7 @@ def _info() -> int:
         line = f"{info.backend}:{info.index:<3d} {kind}  {info.name}  ({info.detail})"
         try:
             free, total = Device(info.index, backend=info.backend).memory_info()
-            line += f"  memory {_fmt_bytes(free)} free of {_fmt_bytes(total)}"
+            line += f"  memory {binary_bytes(free)} free of {binary_bytes(total)}"
         except GpuError as exc:
             line += f"  (cannot open: {exc})"
         print(line)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from . import backends
+from . import backends, listeners
 from ._memory import Ledger, as_dtype
 from .backends.base import BackendDevice, Caps, DeviceInfo
 from .buffer import Buffer
@@ -18,7 +18,6 @@ from .errors import BackendUnavailable, InvalidArgument
 from .kernels import Kernel
 from .persistent import PersistentKernel
 from .streams import Stream, StreamAssignment, StreamPool, StreamSet
-from .trace import recorder
 
 
 class BackendKind(str, Enum):
@@ -41,7 +40,7 @@ def parse_spec(spec: str) -> tuple[str, int]:
         raise InvalidArgument(f"device spec {spec!r} is not BACKEND[:INDEX], e.g. 'opencl:0'") from None
 
 
-def _auto_spec() -> tuple[str, int]:
+def auto_spec() -> tuple[str, int]:
     """The first GPU of cuda → rocm → opencl → webgpu, else the CPU. GPUWB_DEVICE overrides."""
     env = os.environ.get("GPUWB_DEVICE")
     if env:
@@ -71,7 +70,7 @@ class Device:
                 raise InvalidArgument("give either a spec string like 'opencl:0' or index + backend, not both")
             name, idx = parse_spec(index)
         elif backend is None:
-            name, idx = _auto_spec() if index is None else (_auto_spec()[0], index)
+            name, idx = auto_spec() if index is None else (auto_spec()[0], index)
         else:
             name = backends.canonical(backend.value if isinstance(backend, BackendKind) else str(backend))
             idx = 0 if index is None else index
@@ -95,15 +94,21 @@ class Device:
         if index >= len(infos):
             found = ", ".join(f"{backend_name}:{i.index} {i.name}" for i in infos) or "none"
             raise BackendUnavailable(f"{backend_name} has no device {index}; devices found: {found}")
-        self._backend: BackendDevice = backend.open(index)
+        self.backend_device: BackendDevice = backend.open(index)
         self.index = index
         self.backend_kind = BackendKind(backend_name)
         self.closed = False
-        self._memory = Ledger(self)  # bytes and buffers held here (_memory.py; Buffer reports to it)
+        self.ledger = Ledger(self)  # bytes and buffers held here (_memory.py; Buffer reports to it)
         self._lock = threading.Lock()
         self._streams: list[Stream] = []
         self._next_stream_id = 0
         self.default_stream = self.create_stream("default")
+
+    @classmethod
+    def open_devices(cls) -> list[Device]:
+        """Every device opened in this process and not closed yet."""
+        with cls._open_lock:
+            return [dev for dev in cls._open.values() if not dev.closed]
 
     @classmethod
     def with_backend(cls, index: int, kind: BackendKind | str) -> Device:
@@ -113,15 +118,15 @@ class Device:
     # ------------------------------------------------------------------ facts
     @property
     def name(self) -> str:
-        return self._backend.info.name
+        return self.backend_device.info.name
 
     @property
     def info(self) -> DeviceInfo:
-        return self._backend.info
+        return self.backend_device.info
 
     @property
     def caps(self) -> Caps:
-        return self._backend.caps
+        return self.backend_device.caps
 
     @property
     def spec(self) -> str:
@@ -131,45 +136,48 @@ class Device:
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes. Where the backend cannot tell free memory (``caps.memory_free_known`` is False),
         free is the total minus what gpuworkbench holds. Non-blocking."""
-        free, total = self._backend.memory_info()
+        free, total = self.backend_device.memory_info()
         if not self.caps.memory_free_known:
             free = max(total - self.held_bytes, 0)
         return int(free), int(total)
 
-    def _used_bytes_for_trace(self) -> int:
+    def used_bytes(self) -> int:
+        """The device's used total (total − free), -1 where the backend cannot tell free memory."""
         if not self.caps.memory_free_known:
             return -1
-        free, total = self._backend.memory_info()
+        free, total = self.backend_device.memory_info()
         return int(total - free)
 
     @property
     def held_bytes(self) -> int:
         """Bytes of the buffers gpuworkbench holds on this device."""
-        return self._memory.held_bytes
+        return self.ledger.held_bytes
 
     @property
     def live_buffers(self) -> list[Buffer]:
         """Buffers allocated on this device and not freed yet."""
-        return self._memory.live()
+        return self.ledger.live()
 
     # ------------------------------------------------------------------ factories
     def create_stream(self, label: str | None = None) -> Stream:
         """A new non-blocking stream."""
-        self._check_open()
+        self.check_open()
         with self._lock:
             sid = self._next_stream_id
             self._next_stream_id += 1
         stream = Stream(self, label or f"stream-{sid}", sid)
         self._streams.append(stream)
-        for t in list(recorder.ACTIVE):
-            if id(self) in t._device_numbers:
+        for t in listeners.recording():
+            if t.knows_device(self):
                 t.label_stream(t.device_number(self), sid, stream.label)
         return stream
 
-    def _stream_labels(self) -> dict[int, str]:
+    def stream_labels(self) -> dict[int, str]:
+        """Stream id → label, of every open stream."""
         return {s.id: s.label for s in self._streams}
 
-    def _forget_stream(self, stream: Stream) -> None:
+    def forget_stream(self, stream: Stream) -> None:
+        """Drop a closed stream from the device's list."""
         if stream in self._streams:
             self._streams.remove(stream)
 
@@ -190,23 +198,23 @@ class Device:
 
     def empty_pinned(self, shape: int | Sequence[int], dtype: Any = "float32") -> np.ndarray:
         """A host array in page-locked memory where the backend has it (CUDA, ROCm, OpenCL), else ordinary."""
-        self._check_open()
+        self.check_open()
         shape_t = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if any((not isinstance(s, (int, np.integer))) or s < 0 for s in shape_t):
             raise InvalidArgument(f"shape must be non-negative ints, got {shape!r}")
-        return self._backend.empty_pinned(shape_t, as_dtype(dtype))
+        return self.backend_device.empty_pinned(shape_t, as_dtype(dtype))
 
     def is_pinned(self, array: np.ndarray) -> bool:
         """True when ``array`` is page-locked memory this device can copy asynchronously."""
-        return self._backend.is_pinned(array)
+        return self.backend_device.is_pinned(array)
 
     def compile(self, source: Any, name: str, options: Sequence[str] = ()) -> Kernel:
         """Build kernel ``name`` from CUDA C / OpenCL C / a Python callable, per ``caps.kernel_language``.
         Raises CompileError carrying the compiler's log. Blocks while compiling."""
-        self._check_open()
+        self.check_open()
         if not isinstance(name, str) or not name:
             raise InvalidArgument(f"kernel name must be a non-empty string, got {name!r}")
-        raw = self._backend.compile(source, name, tuple(options))
+        raw = self.backend_device.compile(source, name, tuple(options))
         return Kernel(self, raw, name, source)
 
     def persistent(self, capacity: int = 256, threads: int = 256, label: str = "persistent") -> PersistentKernel:
@@ -218,34 +226,35 @@ class Device:
     def synchronize(self) -> None:
         """Block the host until every stream of this device is empty (raises if an op failed); a stream running a
         persistent kernel is skipped, as it is never empty until stopped."""
-        self._check_open()
+        self.check_open()
         for s in list(self._streams):
-            if s._persistent is None:
+            if s.persistent is None:
                 s.synchronize()
 
-    def _runs_persistent(self) -> bool:
+    def runs_persistent(self) -> bool:
         """True while a persistent kernel loops on one of this device's streams (persistent.py)."""
-        return any(s._persistent is not None for s in list(self._streams))
+        return any(s.persistent is not None for s in list(self._streams))
 
     def close(self) -> None:
         """Stop its persistent kernels, wait for all work, free every live buffer and stream, release the device."""
         if self.closed:
             return
         for s in list(self._streams):
-            if s._persistent is not None:
-                s._persistent.stop()
+            if s.persistent is not None:
+                s.persistent.stop()
         self.synchronize()
         for buf in self.live_buffers:
             buf.free()
         for s in list(self._streams):
             s.close()
-        self._backend.close()
+        self.backend_device.close()
         self.closed = True
         with Device._open_lock:
             Device._open.pop((self.backend_kind.value, self.index), None)
 
-    def _check_open(self) -> None:
-        self._memory.check_open()
+    def check_open(self) -> None:
+        """Raise BufferClosed once the device is closed."""
+        self.ledger.check_open()
 
     def __repr__(self) -> str:
         return f"<Device {self.spec} {self.name!r}>"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ._format import binary_bytes
+
 
 class GpuError(Exception):
     """Base class of every error gpuworkbench raises on purpose."""
@@ -29,8 +31,8 @@ class OutOfMemory(GpuError, MemoryError):
     def __init__(self, asked: int, free: int | None, total: int | None, device: str = "") -> None:
         self.asked, self.free, self.total = asked, free, total
         where = f" on {device}" if device else ""
-        have = f"{_fmt_bytes(free)} free of {_fmt_bytes(total)}" if free is not None else "free memory unknown"
-        super().__init__(f"cannot allocate {_fmt_bytes(asked)}{where}: {have}")
+        have = f"{binary_bytes(free)} free of {binary_bytes(total)}" if free is not None else "free memory unknown"
+        super().__init__(f"cannot allocate {binary_bytes(asked)}{where}: {have}")
 
 
 class CompileError(GpuError):
@@ -43,15 +45,3 @@ class CompileError(GpuError):
         if numbered:
             text += f"\n--- source ---\n{numbered}"
         super().__init__(text)
-
-
-def _fmt_bytes(n: int | None) -> str:
-    """Bytes in a readable unit ("64.0 MiB")."""
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"

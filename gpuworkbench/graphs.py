@@ -41,12 +41,12 @@ class _Captured:
 
     def done(self) -> bool:
         last = self.graph._last
-        return last is None or last._completion.done()
+        return last is None or last.completion.done()
 
     def wait(self) -> None:
         last = self.graph._last
         if last is not None:
-            last._completion.wait()
+            last.completion.wait()
 
     def times_ns(self) -> tuple[int, int] | None:
         return None
@@ -83,23 +83,23 @@ class Graph:
 
     # ------------------------------------------------------------------ capture
     @contextmanager
-    def _capturing(self) -> Iterator[Graph]:
+    def capturing(self) -> Iterator[Graph]:
         """Divert the ops enqueued on the stream in the ``with`` block into this graph; none of them runs.
 
         A native graph is captured by the driver on exit, by re-issuing the recorded enqueue calls and nothing else:
         allocations, compiles and driver queries all happened before, outside the stream capture."""
         stream = self.stream
-        stream._check_open()
+        stream.check_open()
         if self._state != "new":
             raise InvalidArgument(f"graph {self.name!r} was captured already; capture a new one")
-        if stream._capture is not None:
-            raise InvalidArgument(f"stream {stream.label!r} is capturing graph {stream._capture.name!r} already")
-        stream._capture = self
+        if stream.capturing is not None:
+            raise InvalidArgument(f"stream {stream.label!r} is capturing graph {stream.capturing.name!r} already")
+        stream.capturing = self
         self._state = "capturing"
         try:
             yield self
         finally:
-            stream._capture = None
+            stream.capturing = None
             self._state = "failed"
         if self.kind == "native":
             self._native = self._capture_native()
@@ -107,7 +107,7 @@ class Graph:
         self._state = "ready"
 
     def _capture_native(self) -> Any:
-        backend, raw = self.device._backend, self.stream._raw
+        backend, raw = self.device.backend_device, self.stream.raw
         backend.begin_capture(raw)
         try:
             for *_, call, _ in self._calls:
@@ -123,7 +123,7 @@ class Graph:
         except Exception as exc:  # noqa: BLE001 - the driver's reason, in the user's terms
             raise GpuError(f"CUDA stream capture of graph {self.name!r} failed: {exc}") from exc
 
-    def _add(self, stream: Stream, kind: str, nbytes: int, name: str, pinned: int, call: Any, keep: Any) -> Any:
+    def add(self, stream: Stream, kind: str, nbytes: int, name: str, pinned: int, call: Any, keep: Any) -> Any:
         """Take one op enqueued on the capturing stream (called by ``_dispatch.enqueue``) instead of running it."""
         if self.kind == "native" and kind in ("h2d", "d2h") and pinned == 0:
             raise InvalidArgument(
@@ -140,7 +140,7 @@ class Graph:
         self.ops += 1
         return self._done
 
-    def _own(self, output: Any, buffers: list[Buffer]) -> None:
+    def own(self, output: Any, buffers: list[Buffer]) -> None:
         """Keep the captured op's result and free ``buffers`` (what it allocated) when the graph is closed."""
         self.output = output
         self._owned.extend(buffers)
@@ -157,13 +157,13 @@ class Graph:
             raise InvalidArgument(f"graph {self.name!r} launches on a stream of {self.device.spec}, got {s!r}")
         with self._lock:
             if self.kind == "native":
-                backend, native = self.device._backend, self._native
-                event = s._enqueue(
+                backend, native = self.device.backend_device, self._native
+                event = s.enqueue(
                     self._span_kind(),
                     self._nbytes,
                     f"graph {self.name}",
                     -1,
-                    lambda timed: backend.launch_graph(native, s._raw, timed),
+                    lambda timed: backend.launch_graph(native, s.raw, timed),
                     keep=self,
                     many=True,
                 )
@@ -200,9 +200,8 @@ class Graph:
         ``update(op)`` takes the arrays ``op`` uploads, for an op built like the captured one. Blocks until the last
         launch has finished, since its uploads read these arrays."""
         self._check_ready()
-        from .ops import Op
-
-        arrays = new[0]._sources(set()) if len(new) == 1 and isinstance(new[0], Op) else list(new)
+        inputs_of = getattr(new[0], "host_inputs", None) if len(new) == 1 else None  # an op (gw.ops.Op)
+        arrays = inputs_of() if callable(inputs_of) else list(new)
         if len(arrays) != len(self.inputs):
             raise InvalidArgument(f"graph {self.name!r} has {len(self.inputs)} inputs, update got {len(arrays)}")
         pairs = []
@@ -259,7 +258,7 @@ def _snapshot(value: Any) -> Any:
 def capture(stream: Stream, name: str | None = None) -> Iterator[Graph]:
     """``with capture(stream) as g:`` (or ``stream.capture()``): record the block's ops on ``stream`` into ``g``."""
     graph = Graph(stream, name)
-    with graph._capturing():
+    with graph.capturing():
         yield graph
 
 

@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from . import listeners
 from .errors import InvalidArgument
-from .trace import recorder
-from .trace.cupti_foreign import OWN_DOMAIN
+
+#: The NVTX domain of the workbench's own ranges: a CUPTI trace leaves these out of other libraries' ranges.
+NVTX_DOMAIN = "gpuworkbench"
 
 _NVTX: Any = None  # the nvtx package's Domain for our ranges, False when nvtx is not installed
 
@@ -22,7 +24,7 @@ def _nvtx_domain() -> Any:
         try:
             import nvtx
 
-            _NVTX = nvtx.get_domain(OWN_DOMAIN)
+            _NVTX = nvtx.get_domain(NVTX_DOMAIN)
         except Exception:  # noqa: BLE001  (not installed, or an nvtx without domains)
             _NVTX = False
     return _NVTX
@@ -52,5 +54,5 @@ def range(name: str) -> Iterator[None]:  # noqa: A001 - the public name mirrors 
             with contextlib.suppress(Exception):
                 domain.pop_range()
         thread = threading.get_ident()
-        for t in list(recorder.ACTIVE):
+        for t in listeners.recording():
             t.host_range(name, start, end, thread)

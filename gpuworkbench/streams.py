@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -24,15 +24,15 @@ if TYPE_CHECKING:
 class Event:
     """The completion of one enqueued op (or a marker). ``done`` never blocks; ``wait()`` and ``await`` do."""
 
-    __slots__ = ("_completion", "stream", "_keep")
+    __slots__ = ("completion", "stream", "_keep")
 
     def __init__(self, completion: Any, stream: Stream, keep: Any = None) -> None:
-        self._completion, self.stream, self._keep = completion, stream, keep
+        self.completion, self.stream, self._keep = completion, stream, keep
 
     @property
     def done(self) -> bool:
         """True once the op has finished. Non-blocking."""
-        finished = self._completion.done()
+        finished = self.completion.done()
         if finished:
             self._raise_if_failed()
         return finished
@@ -40,29 +40,29 @@ class Event:
     def wait(self, timeout_s: float | None = None) -> None:
         """Block the host until the op has finished (raises GpuError if the op failed)."""
         if timeout_s is None:
-            self._completion.wait()
+            self.completion.wait()
         else:
-            _wait_with_timeout(self._completion, timeout_s)
+            _wait_with_timeout(self.completion, timeout_s)
         self._keep = None
         self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
-        error = getattr(self._completion, "error", None)
+        error = getattr(self.completion, "error", None)
         if error is not None:
-            self.stream._forget(self._completion)  # reported here: the stream's synchronize() need not repeat it
+            self.stream.forget(self.completion)  # reported here: the stream's synchronize() need not repeat it
             raise GpuError(f"an op on stream {self.stream.label!r} failed: {error!r}") from error
 
     def __await__(self):  # noqa: ANN204 - generator protocol
         """Await completion from asyncio without blocking the event loop (polls every 0.2 ms, backing off to 5 ms)."""
         delay = 0.0002
-        while not self._completion.done():
+        while not self.completion.done():
             yield from asyncio.sleep(delay).__await__()
             delay = min(delay * 2, 0.005)
         self._keep = None
         self._raise_if_failed()
 
     def __repr__(self) -> str:
-        return f"<Event on {self.stream.label!r} {'done' if self._completion.done() else 'pending'}>"
+        return f"<Event on {self.stream.label!r} {'done' if self.completion.done() else 'pending'}>"
 
 
 def _wait_with_timeout(completion: Any, timeout_s: float) -> None:
@@ -77,34 +77,34 @@ class Stream:
 
     def __init__(self, device: Device, label: str, stream_id: int) -> None:
         self.device, self.label, self.id = device, label, stream_id
-        self._raw = device._backend.create_stream()
-        self._inflight: deque[tuple[Any, Any]] = deque()
-        self._appended = 0
+        self.raw = device.backend_device.create_stream()
+        self.inflight: deque[tuple[Any, Any]] = deque()
+        self.appended = 0
         self._lock = threading.Lock()
         self.closed = False
-        self._capture: Any = None  # the Graph recording this stream's ops instead of running them (graphs.py)
-        self._persistent: Any = None  # the PersistentKernel looping on this stream until stopped (persistent.py)
+        self.capturing: Any = None  # the Graph recording this stream's ops instead of running them (graphs.py)
+        self.persistent: Any = None  # the PersistentKernel looping on this stream until stopped (persistent.py)
 
-    def _track(self, completion: Any, keep: Any) -> None:
+    def track(self, completion: Any, keep: Any) -> None:
         # No lock on the launch path: deque.append is atomic, and everything else that changes the deque holds the
         # lock and removes only items it has looked at, from the left (or in place), never one appended meanwhile.
-        self._inflight.append((completion, keep))
-        self._appended += 1
-        if self._appended & 63 == 0:  # prune now and then, not on every op
-            self._prune_now()
+        self.inflight.append((completion, keep))
+        self.appended += 1
+        if self.appended & 63 == 0:  # prune now and then, not on every op
+            self.prune_now()
 
-    def _prune_now(self) -> None:
+    def prune_now(self) -> None:
         with self._lock:
             self._prune()
 
-    def _forget(self, completion: Any) -> None:
+    def forget(self, completion: Any) -> None:
         with self._lock:
-            for item in [item for item in self._inflight if item[0] is completion]:
-                self._inflight.remove(item)
+            for item in [item for item in self.inflight if item[0] is completion]:
+                self.inflight.remove(item)
 
     def _prune(self) -> list[tuple[Any, Any]]:
         """Remove finished ops from the left and return them (the caller holds the lock)."""
-        q = self._inflight
+        q = self.inflight
         n = len(q)
         if n and q[n - 1][0].done():  # in order: the newest seen done means all before it are, one query
             return [q.popleft() for _ in range(n)]
@@ -118,35 +118,35 @@ class Stream:
         """Ops enqueued on this stream that have not finished yet. Non-blocking."""
         with self._lock:
             self._prune()
-            return len(self._inflight)
+            return len(self.inflight)
 
     def record(self) -> Event:
         """Enqueue a marker; the returned Event is done when all earlier work on this stream is. Non-blocking."""
-        self._check_open()
-        completion = self.device._backend.record(self._raw)
-        self._inflight.append((completion, None))
+        self.check_open()
+        completion = self.device.backend_device.record(self.raw)
+        self.inflight.append((completion, None))
         return Event(completion, self)
 
     def wait_event(self, event: Event) -> None:
         """Make later work on this stream wait for ``event`` on the device. The host does not block."""
-        self._check_open()
+        self.check_open()
         if not isinstance(event, Event):
             raise InvalidArgument(f"wait_event takes an Event, not {type(event).__name__}")
         if event.stream.device is not self.device:
             raise InvalidArgument(
                 f"event from {event.stream.device.spec} cannot be waited on by a stream of {self.device.spec}"
             )
-        if not event._completion.done():
-            self.device._backend.wait_event(self._raw, event._completion)
+        if not event.completion.done():
+            self.device.backend_device.wait_event(self.raw, event.completion)
 
     def synchronize(self) -> None:
         """Block the host until all work on this stream has finished (raises if any of it failed)."""
-        self._check_open()
-        if self._persistent is not None:
+        self.check_open()
+        if self.persistent is not None:
             raise InvalidArgument(
                 f"stream {self.label!r} runs a persistent kernel until its stop(); synchronizing it would wait forever"
             )
-        self.device._backend.synchronize_stream(self._raw)
+        self.device.backend_device.synchronize_stream(self.raw)
         with self._lock:
             items = self._prune()  # all of them, but for ops another thread enqueued meanwhile
         for completion, _ in items:
@@ -161,14 +161,14 @@ class Stream:
 
         return capture(self, name)
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self.closed:
             raise InvalidArgument(f"stream {self.label!r} is closed")
 
-    def _enqueue(
+    def enqueue(
         self, kind: str, nbytes: int, name: str, pinned: int, call: Any, keep: Any = None, many: bool = False
     ) -> Event:
-        self._check_open()
+        self.check_open()
         completion = _dispatch.enqueue(self, kind, nbytes, name, pinned, call, keep, many)
         return Event(completion, self, keep)
 
@@ -178,9 +178,9 @@ class Stream:
             try:
                 self.synchronize()  # raises for a failed op nobody waited on, after releasing the stream
             finally:
-                self.device._backend.destroy_stream(self._raw)
+                self.device.backend_device.destroy_stream(self.raw)
                 self.closed = True
-                self.device._forget_stream(self)
+                self.device.forget_stream(self)
 
     def __enter__(self) -> Stream:
         return self
@@ -193,10 +193,19 @@ class Stream:
 
 
 class StreamAssignment(Enum):
-    """How a StreamPool picks a stream: in turn, or the one with the least outstanding work."""
+    """How a stream is picked from several: in turn, or the one with the least outstanding work. A StreamPool picks
+    by it, and so do the ops policies ``RoundRobin`` and ``LeastPending``."""
 
     ROUND_ROBIN = "round_robin"
     LEAST_PENDING = "least_pending"
+
+    def choose(self, turn: int, loads: Callable[[], list[int]], n: int) -> int:
+        """The index of the stream to use of ``n``: ``turn % n`` in turn, else the first with the least of ``loads()``
+        (called only then: counting the ops pending asks the backend)."""
+        if self is StreamAssignment.ROUND_ROBIN:
+            return turn % n
+        load = loads()
+        return load.index(min(load))
 
 
 class _StreamGroup:
@@ -227,7 +236,7 @@ class _StreamGroup:
     def closed(self) -> bool:
         return self._closed
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise InvalidArgument(f"{type(self).__name__} {self.label!r} is closed")
 
@@ -260,23 +269,20 @@ class StreamPool(_StreamGroup):
         return [lease + s.pending for lease, s in zip(self._leases, self.streams)]
 
     def _pick(self) -> int:
-        if self.assignment is StreamAssignment.ROUND_ROBIN:
-            i = self._next
-            self._next = (i + 1) % len(self.streams)
-            return i
-        load = self.load()
-        return load.index(min(load))
+        turn = self._next
+        self._next = (turn + 1) % len(self.streams)
+        return self.assignment.choose(turn, self.load, len(self.streams))
 
     def next(self) -> Stream:
         """The next stream by the pool's rule, without a lease."""
-        self._check_open()
+        self.check_open()
         with self._lock:
             return self.streams[self._pick()]
 
     @contextmanager
     def acquire(self) -> Iterator[Stream]:
         """Lease a stream by the pool's rule for the ``with`` block; its lease count drops on exit."""
-        self._check_open()
+        self.check_open()
         with self._lock:
             i = self._pick()
             self._leases[i] += 1
@@ -298,7 +304,7 @@ class StreamSet(_StreamGroup):
 
     def get(self, i: int) -> Stream:
         """Stream ``i % depth``."""
-        self._check_open()
+        self.check_open()
         return self.streams[i % self.depth]
 
     def __len__(self) -> int:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from cupti_fakes import fake_lifecycle
 from support import BACKENDS, Gate, open_device, release_leftovers
 
 import gpuworkbench as gw
@@ -56,4 +58,10 @@ def _cupti_outside_notebooks() -> Iterator[None]:
     from gpuworkbench.trace import cupti
 
     yield
-    cupti.NOTEBOOK = False
+    cupti.set_notebook(False)
+
+
+@pytest.fixture
+def fake_cupti(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A fresh CUPTI lifecycle on a fake libcupti and cupti-python (tests/cupti_fakes.py): runs without a GPU."""
+    yield from fake_lifecycle(monkeypatch)

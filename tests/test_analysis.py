@@ -1,4 +1,4 @@
-"""Tests of trace/analysis.py: exact figures on hand-built traces; the interval algebra against a brute-force grid."""
+"""Tests of trace/analysis/: exact figures on hand-built traces; the interval algebra against a brute-force grid."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests of comm.py, the kernel end of the JupyterLab panel, with fake comms: checks, versions, replies, pushes."""
+"""Tests of the kernel end of the JupyterLab panel (notebook/comm.py) with fake comms: checks, versions, replies,
+pushes."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import numpy as np
 import pytest
 
 import gpuworkbench as gw
-from gpuworkbench import comm, magics
+from gpuworkbench.notebook import comm, history
 
-pytest.importorskip("IPython")  # magics.py, which keeps the history of traces, needs it
+pytest.importorskip("IPython")  # the notebook side needs it
 
 
 class FakeComm:
@@ -73,7 +74,7 @@ def server():
     srv = comm.PanelServer(fake_shell(), interval_s=None)
     yield srv
     srv.close()
-    magics.history.clear()
+    history.history.clear()
 
 
 @pytest.fixture
@@ -84,19 +85,25 @@ def panel(server: comm.PanelServer) -> FakeComm:
     return front
 
 
-@pytest.fixture
-def record() -> magics.TraceRecord:
-    """A traced upload on the CPU backend, kept in magics.history as %%gpu would keep it."""
+def traced_upload(n: int) -> gw.Trace:
+    """A finished trace of one upload of ``n`` floats on the CPU backend."""
     dev = gw.Device("cpu")
     with gw.trace() as trace:
-        buf = dev.alloc(1024)
-        buf.copy_from_host(np.ones(1024, np.float32))
+        buf = dev.alloc(n)
+        buf.copy_from_host(np.ones(n, np.float32))
         buf.free()
     trace.wait_pending()
-    rec = magics.TraceRecord(
+    return trace
+
+
+@pytest.fixture
+def record() -> history.TraceRecord:
+    """A traced upload on the CPU backend, kept in history.history as %%gpu would keep it."""
+    trace = traced_upload(1024)
+    rec = history.TraceRecord(
         7, time.time(), 0.0125, (trace.started_ns, trace.stopped_ns), 42.0, float("nan"), None, trace, name="upload"
     )
-    magics.history.append(rec)
+    history.history.append(rec)
     return rec
 
 
@@ -128,7 +135,7 @@ def test_parse_message_accepts_a_request() -> None:
     ],
 )
 def test_parse_message_ignores_malformed_with_a_warning(data: Any, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="gpuworkbench.comm"):
+    with caplog.at_level(logging.WARNING, logger="gpuworkbench.notebook.comm"):
         assert comm.parse_message(data) is None
     assert len(caplog.records) == 1 and "ignoring" in caplog.records[0].getMessage()
 
@@ -172,7 +179,7 @@ def test_malformed_and_unknown_messages_are_ignored_with_a_warning(
 ) -> None:
     front = FakeComm()
     server.attach(front)
-    with caplog.at_level(logging.WARNING, logger="gpuworkbench.comm"):
+    with caplog.at_level(logging.WARNING, logger="gpuworkbench.notebook.comm"):
         for data in (None, "hi", {"v": 99, "type": "request", "id": 1, "method": "state"}, {"v": 1, "type": "?"}):
             front.receive(data)
     assert front.sent == []  # nothing answered, nothing raised
@@ -181,7 +188,7 @@ def test_malformed_and_unknown_messages_are_ignored_with_a_warning(
 
 
 def test_unknown_method_is_refused_in_the_reply(panel: FakeComm, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="gpuworkbench.comm"):
+    with caplog.at_level(logging.WARNING, logger="gpuworkbench.notebook.comm"):
         panel.receive(request(5, "reboot"))
         panel.receive(request(6, "timeline", trace="latest"))
     refused = panel.replies()[-2:]
@@ -197,7 +204,7 @@ def test_requests_about_traces_before_any_trace_say_so(panel: FakeComm) -> None:
         assert not reply["ok"] and "no trace yet" in reply["error"]
 
 
-def test_trace_entry_is_plain_json_without_nan(record: magics.TraceRecord) -> None:
+def test_trace_entry_is_plain_json_without_nan(record: history.TraceRecord) -> None:
     entry = comm.trace_entry(record)
     assert entry["id"] == record.trace.id and entry["cell"] == 7 and entry["name"] == "upload"
     assert entry["overlap_pct"] == 42.0 and entry["efficiency"] is None and entry["idle_pct"] is None
@@ -241,7 +248,7 @@ def test_timeline_reply_is_a_standalone_page(panel: FakeComm, record) -> None:
     assert "BEGIN bokeh.min.js" in page
     panel.receive(request(10, "timeline", trace=record.trace.id, dark=True))
     dark = panel.replies()[-1]["result"]["html"]
-    assert comm._DARK_PAGE in dark[: dark.index("<script")]  # in the page's own head
+    assert comm.DARK_PAGE in dark[: dark.index("<script")]  # in the page's own head
 
 
 def test_timeline_page_holds_the_statistics_and_compare_gives_both_traces(panel: FakeComm, record) -> None:
@@ -249,14 +256,9 @@ def test_timeline_page_holds_the_statistics_and_compare_gives_both_traces(panel:
     panel.receive(request(12, "timeline", trace=record.trace.id))
     page = panel.replies()[-1]["result"]["html"]
     assert "gpuworkbench-statistics" in page and "copies and memsets" in page
-    dev = gw.Device("cpu")
-    with gw.trace() as later:
-        buf = dev.alloc(2048)
-        buf.copy_from_host(np.ones(2048, np.float32))
-        buf.free()
-    later.wait_pending()
-    after = magics.TraceRecord(8, time.time(), 0.02, (later.started_ns, later.stopped_ns), 40.0, 1.0, None, later)
-    magics.history.append(after)
+    later = traced_upload(2048)
+    after = history.TraceRecord(8, time.time(), 0.02, (later.started_ns, later.stopped_ns), 40.0, 1.0, None, later)
+    history.history.append(after)
     panel.receive(request(13, "timeline", trace=later.id, compare=record.trace.id))
     reply = panel.replies()[-1]
     assert reply["ok"], reply
@@ -284,7 +286,7 @@ def test_state_is_pushed_after_a_cell_that_captured_a_trace(server: comm.PanelSe
     dev = gw.Device("cpu")
     with gw.trace() as trace:
         dev.alloc(16).free()
-    magics.history.append(magics.TraceRecord(3, time.time(), 0.001, (0, 1), None, None, None, trace))
+    history.history.append(history.TraceRecord(3, time.time(), 0.001, (0, 1), None, None, None, trace))
     server.after_cell()
     pushed = panel.sent[-1]
     assert pushed["type"] == "state" and [t["id"] for t in pushed["traces"]] == [trace.id]
@@ -347,7 +349,7 @@ def test_a_comm_that_fails_to_send_is_dropped(server: comm.PanelServer, caplog) 
     front = FakeComm()
     server.on_open(front, {"content": {"data": request(1)}})
     front.fail = True
-    with caplog.at_level(logging.WARNING, logger="gpuworkbench.comm"):
+    with caplog.at_level(logging.WARNING, logger="gpuworkbench.notebook.comm"):
         server.sample_memory()
     assert server.subscribers == [] and "dropping the comm" in caplog.text
 
@@ -359,10 +361,8 @@ def test_the_announcing_comm_gets_pushes_without_asking(monkeypatch: pytest.Monk
         fake_shell(), open_comm=lambda **kw: opened.append(FakeComm()) or opened[-1], interval_s=None
     )
     probed: list[bool] = []
-    import gpuworkbench.device as device_module
-
-    real_devices = device_module.devices
-    monkeypatch.setattr(device_module, "devices", lambda: probed.append(True) or real_devices())
+    real_devices = comm.devices
+    monkeypatch.setattr(comm, "devices", lambda: probed.append(True) or real_devices())
     front = srv.announce()
     assert srv.subscribers == [front]
     gw.Device("cpu")

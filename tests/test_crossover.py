@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import gpuworkbench as gw
-from gpuworkbench import crossovers
 from gpuworkbench import library as lib
-from gpuworkbench.crossovers import COLUMNS, Crossing, CrossoverResult, crossing
+from gpuworkbench.library import crossover_cache, crossover_measure, crossover_ops
+from gpuworkbench.library.crossover_result import COLUMNS, Crossing, CrossoverResult, crossing
 from gpuworkbench.trace.analysis import CrossoverPoint, summarize
 from gpuworkbench.trace.spans import table_from_records
 
@@ -24,7 +24,7 @@ TINY = {"matmul": [8, 16], "softmax": [256, 1024], "sum": [256, 2048]}
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
     """Every test caches in its own folder."""
-    monkeypatch.setenv(crossovers.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(crossover_cache.CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
@@ -54,7 +54,7 @@ def test_crossover_on_tiny_sizes(device):
     assert set(by_op) == set(TINY)
     for op, sizes in TINY.items():
         rows = table[table["op"] == op]
-        assert list(rows["bytes"]) == [crossovers.OPS[op].nbytes(s) for s in sizes]
+        assert list(rows["bytes"]) == [crossover_ops.OPS[op].nbytes(s) for s in sizes]
         numpy_s = list(rows["numpy_s"])
         assert by_op[op] == Crossing(
             expected_crossing(sizes, numpy_s, list(rows["device_s"])),
@@ -68,8 +68,8 @@ def test_crossover_on_tiny_sizes(device):
 
 def test_every_op_runs_and_agrees_with_numpy(cpu):
     result = gw.crossover("all", device=cpu, sizes=[256], repeats=1)
-    assert result.ops == list(crossovers.OPS)
-    assert len(result.rows) == len(crossovers.OPS)
+    assert result.ops == list(crossover_ops.OPS)
+    assert len(result.rows) == len(crossover_ops.OPS)
     assert not result.warnings, result.warnings
 
 
@@ -85,8 +85,8 @@ def test_the_table_without_pandas(cpu, monkeypatch):
 def test_cache_written_reused_and_refreshed(cpu, cache, monkeypatch):
     first = gw.crossover("softmax", device=cpu, sizes=[256, 1024], repeats=1)
     assert first.from_cache == {"softmax": False}
-    data = json.loads((cache / crossovers.CACHE_FILE).read_text())
-    key = crossovers.device_key("cpu", cpu.name)
+    data = json.loads((cache / crossover_cache.CACHE_FILE).read_text())
+    key = crossover_cache.device_key("cpu", cpu.name)
     assert list(data["devices"]) == [key]
     assert data["devices"][key]["ops"]["softmax"]["256,1024"]["rows"][0]["size"] == 256
 
@@ -94,48 +94,50 @@ def test_cache_written_reused_and_refreshed(cpu, cache, monkeypatch):
         raise AssertionError("measured although cached")
 
     with monkeypatch.context() as m:
-        m.setattr(crossovers, "_measure", no_measuring)
+        m.setattr(crossover_measure, "_measure", no_measuring)
         again = gw.crossover("softmax", device=cpu, sizes=[1024, 256], repeats=1)  # the same sizes, in any order
     assert again.from_cache == {"softmax": True} and again.rows == first.rows
     assert "cached: softmax" in str(again)
 
     calls = []
-    real = crossovers._measure
-    monkeypatch.setattr(crossovers, "_measure", lambda *a, **kw: calls.append(a[1]) or real(*a, **kw))
+    real = crossover_measure._measure
+    monkeypatch.setattr(crossover_measure, "_measure", lambda *a, **kw: calls.append(a[1]) or real(*a, **kw))
     fresh = gw.crossover("softmax", device=cpu, sizes=[256, 1024], repeats=1, refresh=True)
     assert fresh.from_cache == {"softmax": False} and calls == [256, 1024]
     other = gw.crossover("softmax", device=cpu, sizes=[512], repeats=1)  # other sizes: measured, kept beside
     assert other.from_cache == {"softmax": False} and calls[-1] == 512
-    runs = json.loads((cache / crossovers.CACHE_FILE).read_text())["devices"][key]["ops"]["softmax"]
+    runs = json.loads((cache / crossover_cache.CACHE_FILE).read_text())["devices"][key]["ops"]["softmax"]
     assert set(runs) == {"256,1024", "512"}
 
 
 def test_results_of_another_library_version_are_not_reused(cpu, cache, monkeypatch):
     gw.crossover("sum", device=cpu, sizes=[256], repeats=1)
-    monkeypatch.setattr(crossovers, "_VERSION", "0.0.0+changed")
+    monkeypatch.setattr(crossover_cache, "_VERSION", "0.0.0+changed")
     again = gw.crossover("sum", device=cpu, sizes=[256], repeats=1)
     assert again.from_cache == {"sum": False}
-    keys = list(json.loads((cache / crossovers.CACHE_FILE).read_text())["devices"])
-    assert keys == [crossovers.device_key("cpu", cpu.name, "0.0.0+changed")]  # the stale entry is dropped
+    keys = list(json.loads((cache / crossover_cache.CACHE_FILE).read_text())["devices"])
+    assert keys == [crossover_cache.device_key("cpu", cpu.name, "0.0.0+changed")]  # the stale entry is dropped
 
 
 def test_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.setenv(crossovers.CACHE_ENV, str(tmp_path / "here"))
-    assert crossovers.cache_path() == tmp_path / "here" / "crossover.json"
-    monkeypatch.delenv(crossovers.CACHE_ENV)
+    monkeypatch.setenv(crossover_cache.CACHE_ENV, str(tmp_path / "here"))
+    assert crossover_cache.cache_path() == tmp_path / "here" / "crossover.json"
+    monkeypatch.delenv(crossover_cache.CACHE_ENV)
     platformdirs = pytest.importorskip("platformdirs")
-    assert crossovers.cache_dir() == crossovers.Path(platformdirs.user_cache_dir("gpuworkbench", appauthor=False))
+    assert crossover_cache.cache_dir() == crossover_cache.Path(
+        platformdirs.user_cache_dir("gpuworkbench", appauthor=False)
+    )
     monkeypatch.setitem(sys.modules, "platformdirs", None)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert crossovers.cache_dir() == tmp_path / ".cache" / "gpuworkbench"
+    assert crossover_cache.cache_dir() == tmp_path / ".cache" / "gpuworkbench"
 
 
 def test_a_corrupt_cache_file_is_measured_over(cpu, cache):
     cache.mkdir(parents=True)
-    (cache / crossovers.CACHE_FILE).write_text("{not json")
+    (cache / crossover_cache.CACHE_FILE).write_text("{not json")
     result = gw.crossover("sum", device=cpu, sizes=[256], repeats=1)
     assert result.from_cache == {"sum": False}
-    assert json.loads((cache / crossovers.CACHE_FILE).read_text())["format"] == crossovers.FORMAT
+    assert json.loads((cache / crossover_cache.CACHE_FILE).read_text())["format"] == crossover_cache.FORMAT
 
 
 def test_time_budget_skips_the_larger_sizes(cpu):
@@ -149,7 +151,7 @@ def test_time_budget_skips_the_larger_sizes(cpu):
 def test_a_one_off_cost_of_the_first_size_does_not_skip_the_next(cpu, monkeypatch):
     """A size's one-off costs (a kernel's first compile: seconds on PoCL with 2 cores) are not scaled up into the next
     size's prediction: that comes from the steady medians."""
-    measure, calls = crossovers._measure, []
+    measure, calls = crossover_measure._measure, []
 
     def slow_first(*args):
         if not calls:
@@ -157,7 +159,7 @@ def test_a_one_off_cost_of_the_first_size_does_not_skip_the_next(cpu, monkeypatc
         calls.append(args[1])
         return measure(*args)
 
-    monkeypatch.setattr(crossovers, "_measure", slow_first)
+    monkeypatch.setattr(crossover_measure, "_measure", slow_first)
     result = gw.crossover("matmul", device=cpu, sizes=[8, 16], repeats=2, budget_s=1.0)
     assert [r["size"] for r in result.rows] == [8, 16] and result.skipped == []  # 0.3 s x 8 would pass 1 s
 
@@ -259,7 +261,7 @@ def shell(monkeypatch):
     pytest.importorskip("IPython")
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpuworkbench import magics
+    from gpuworkbench.notebook import history
 
     monkeypatch.delenv("GPUWB_DEVICE", raising=False)
     ip = InteractiveShell.instance()
@@ -267,7 +269,7 @@ def shell(monkeypatch):
     yield ip
     instance = ip.magics_manager.registry["GpuMagics"]
     instance.device, instance.last_bench = None, None
-    magics.history.clear()
+    history.history.clear()
 
 
 def test_magic_runs_crossover_and_shows_the_table(shell, capsys):
@@ -357,12 +359,12 @@ def test_library_kernels_record_their_bytes_and_the_cache_feeds_the_advice(cpu):
         "row_softmax": 8 * x.size,
         "matmul_tiled": 12 * 64,
     }
-    assert crossovers.cached_crossovers(t) == {}  # nothing measured yet
+    assert crossover_cache.cached_crossovers(t) == {}  # nothing measured yet
     gw.crossover(["softmax", "matmul"], device=cpu, sizes={"softmax": [1024, 4096], "matmul": [8, 16]}, repeats=1)
-    points = crossovers.cached_crossovers(t)
+    points = crossover_cache.cached_crossovers(t)
     assert set(points[0]) == {"row_softmax", "matmul_tiled"}
     codes = [a.code for a in summarize(table, crossover=points).advice]
     # the CPU backend runs kernels as NumPy code plus a launch: it never beats NumPy itself, so the advice fires
     assert points[0]["row_softmax"].size is None and codes.count("too-small-for-gpu") == 2
     assert [a.code for a in t.summary().advice].count("too-small-for-gpu") == 2  # the trace's own summary reads it
-    assert crossovers.cached_result(cpu).ops == ["matmul", "softmax"]  # the library's order
+    assert crossover_cache.cached_result(cpu).ops == ["matmul", "softmax"]  # the library's order

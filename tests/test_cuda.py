@@ -21,7 +21,7 @@ def _why(t) -> str:
 
     clocks = [(c.source, c.note[:80]) for c in t.devices.values()]
     src = getattr(t, "_cupti", None)
-    cut = (src.cut_off_records, src.cut_off_calls, src._first_corr) if src is not None else None
+    cut = (src.cut_off_records, src.cut_off_calls, src.decoder.first_corr) if src is not None else None
     return f"{t.stats}; clocks {clocks}; ticks {cupti.timestamps_are_ticks()}; state {cupti.state()[:40]}; cut {cut}"
 
 
@@ -271,12 +271,12 @@ def test_completions_freed_by_the_cyclic_collector_do_not_pool_their_events():
     frees it: events pooled from there failed their next record with 'context is destroyed' (no GPU needed)."""
     import gc
 
-    from gpuworkbench.backends.cuda import _CudaCompletion, _EventPool
+    from gpuworkbench.backends.cuda.events import CudaCompletion, EventPool
 
-    timed, plain = _EventPool(True), _EventPool(False)
-    _CudaCompletion("end-1", None, None, (timed, plain))  # dropped at once: by reference count
+    timed, plain = EventPool(True), EventPool(False)
+    CudaCompletion("end-1", None, None, (timed, plain))  # dropped at once: by reference count
     assert list(plain._free) == ["end-1"]
-    cycle: list = [_CudaCompletion("end-2", "start-2", None, (timed, plain))]
+    cycle: list = [CudaCompletion("end-2", "start-2", None, (timed, plain))]
     cycle.append(cycle)
     del cycle
     gc.collect()
@@ -318,7 +318,7 @@ def test_a_cupti_trace_does_not_hold_kernels_events(dev):
         for _ in range(200):  # warm the pool
             empty(1, 32, (b,), stream=s)
         s.synchronize()
-        pools = dev._backend._pools
+        pools = dev.backend_device._pools
         before = sum(p.created for p in pools)
         with gw.trace(source="cupti", interval_s=10.0) as t:  # no harvest while the loop runs
             for _ in range(5000):

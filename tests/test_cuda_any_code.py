@@ -19,7 +19,7 @@ import pytest
 
 import gpuworkbench as gw
 from gpuworkbench.trace import cupti as cupti_source
-from gpuworkbench.trace.cupti_foreign import FOREIGN_STREAM_BASE
+from gpuworkbench.trace.cupti.foreign import FOREIGN_STREAM_BASE
 from gpuworkbench.trace.spans import KIND_CODE, unpack_dim3
 
 pytestmark = pytest.mark.gpu
@@ -109,7 +109,7 @@ def test_torch_work_its_streams_allocations_and_nvtx_ranges(cp):
     if os.environ.get("NVTX_INJECTION64_PATH"):  # NVTX reaches CUPTI only where it was pointed at it before use
         assert "matmul" in ranges
     del b, c
-    if "MEMORY2" in cupti_source.OPTIONAL_KINDS:  # on unless GPUWB_CUPTI_OPTIONAL leaves allocations out
+    if "MEMORY2" in cupti_source.kinds.OPTIONAL_KINDS:  # on unless GPUWB_CUPTI_OPTIONAL leaves allocations out
         allocs = table["kind"] == KIND_CODE["alloc"]
         assert table["bytes"][allocs].sum() >= 64 << 20
         assert t.memory_table()["other_bytes"].max() >= 64 << 20
@@ -180,12 +180,12 @@ def test_a_lingering_cupti_is_taken_over_without_the_work_launched_between_the_t
     x = cp.ones(1 << 16, cp.float32)
     marker(x, x), inside(x, x)  # compiled before any trace
     cp.cuda.Device().synchronize()
-    monkeypatch.setattr(cupti_source, "LINGER_S", 30.0)
-    monkeypatch.setattr(cupti_source, "WATCH_UNTRACED", False)  # else the work between the traces lets CUPTI go
+    monkeypatch.setattr(cupti_source.LIFECYCLE, "linger_s", 30.0)
+    monkeypatch.setattr(cupti_source.LIFECYCLE, "watch_untraced", False)  # else the work between the traces: let go
     with gw.trace(others=True) as first:
         inside(x, x)
     first.wait_pending()
-    assert cupti_source._PARKED is not None and not cupti_source.detached()
+    assert cupti_source.lingering() and not cupti_source.detached()
     for _ in range(3):
         marker(x, x)  # CUPTI records these while parked
     cp.cuda.Device().synchronize()
@@ -199,12 +199,12 @@ def test_a_lingering_cupti_is_taken_over_without_the_work_launched_between_the_t
 
 
 def test_the_primers_work_is_in_no_trace_and_a_parked_source_primes(cp, monkeypatch):
-    """``cupti_prime``'s 4-byte copy and memset, recorded while a trace records, are dropped by their stream and
-    its calls by their thread (a 4-byte copy of CuPy's beside them is kept, with its call); back-to-back traces,
-    each taking over the source the last one parked and primed, hold none of them either."""
-    from gpuworkbench.trace.cupti_prime import PRIMER
+    """The primer's (``cupti/prime.py``) 4-byte copy and memset, recorded while a trace records, are dropped by their
+    stream and its calls by their thread (a 4-byte copy of CuPy's beside them is kept, with its call); back-to-back
+    traces, each taking over the source the last one parked and primed, hold none of them either."""
+    from gpuworkbench.trace.cupti.prime import PRIMER
 
-    monkeypatch.setattr(cupti_source, "WATCH_UNTRACED", False)
+    monkeypatch.setattr(cupti_source.LIFECYCLE, "watch_untraced", False)
     monkeypatch.setattr(PRIMER, "threads", PRIMER.threads)  # the thread below dies: its id must not stay named
     x = cp.ones(1 << 16, cp.float32)
     y = cp.empty(1, cp.float32)
@@ -212,9 +212,10 @@ def test_the_primers_work_is_in_no_trace_and_a_parked_source_primes(cp, monkeypa
 
     primed = []
 
-    def prime() -> None:  # on a thread of its own, as cupti.py does: that thread's API calls are dropped too
+    def prime() -> None:  # on a thread of its own, as the lifecycle does: that thread's API calls are dropped too
+        raw = cupti_source.LIFECYCLE.raw
         with PRIMER.lock:
-            primed.append(PRIMER.prime(cupti_source._RAW.lib if cupti_source._RAW is not None else None))
+            primed.append(PRIMER.prime(raw.lib if raw is not None else None))
 
     with gw.trace(others=True) as t:
         primer = threading.Thread(target=prime)

@@ -13,8 +13,12 @@ import pytest
 
 import gpuworkbench as gw
 from gpuworkbench.errors import InvalidArgument
-from gpuworkbench.trace import cupti as cupti_mod
-from gpuworkbench.trace.cupti_foreign import FOREIGN_STREAM_BASE, OWN_DOMAIN, ForeignRecords, demangle, library_of
+from gpuworkbench.ranges import NVTX_DOMAIN
+from gpuworkbench.trace import cupti
+from gpuworkbench.trace.cupti.binding import other_client, read_c_string
+from gpuworkbench.trace.cupti.clock import TickClock
+from gpuworkbench.trace.cupti.decode import kernel_name
+from gpuworkbench.trace.cupti.foreign import FOREIGN_STREAM_BASE, ForeignRecords, demangle, library_of
 from gpuworkbench.trace.recorder import Trace
 from gpuworkbench.trace.spans import KIND_CODE, pack_dim3, unpack_dim3
 
@@ -169,10 +173,10 @@ def test_nvtx_ranges_pair_across_harvests_and_the_workbenchs_own_domain_is_skipp
             "domain": np.array(domains, dtype=object),
         }
 
-    first = marks([2, 2, 1], [1, 2, 3], [100, 110, 120], ["matmul", "step", "here"], ["", OWN_DOMAIN, ""])
+    first = marks([2, 2, 1], [1, 2, 3], [100, 110, 120], ["matmul", "step", "here"], ["", NVTX_DOMAIN, ""])
     (block,) = fr.spans(None, {"marker": first}, 0)
     assert block["kind"].tolist() == [KIND_CODE["marker"]] and block["name"].tolist() == ["here"]
-    second = marks([4, 4], [1, 2], [400, 410], ["", ""], ["", OWN_DOMAIN])
+    second = marks([4, 4], [1, 2], [400, 410], ["", ""], ["", NVTX_DOMAIN])
     (block,) = fr.spans(None, {"marker": second}, 0)
     assert block["kind"].tolist() == [KIND_CODE["range"]] and block["name"].tolist() == ["matmul"]
     assert (block["start_ns"].tolist(), block["end_ns"].tolist()) == ([100], [400])
@@ -189,9 +193,9 @@ def test_demangling_and_library_names():
 
 def test_kernel_names_are_read_without_touching_unmapped_memory():
     text = ctypes.create_string_buffer(b"my_kernel(float*)")
-    assert cupti_mod._read_c_string(ctypes.addressof(text)) == "my_kernel(float*)"
-    assert cupti_mod._read_c_string(4096) == ""  # the first page is never mapped: no crash, no name
-    assert cupti_mod.CuptiSource._kernel_name(0) == ""
+    assert read_c_string(ctypes.addressof(text)) == "my_kernel(float*)"
+    assert read_c_string(4096) == ""  # the first page is never mapped: no crash, no name
+    assert kernel_name(0) == ""
 
 
 def test_dim3_packing_round_trips():
@@ -211,29 +215,29 @@ def test_another_cupti_client_is_recognised(monkeypatch):
     enabled = [True]
     autograd = types.SimpleNamespace(_profiler_enabled=lambda: enabled[0])
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(_C=types.SimpleNamespace(_autograd=autograd)))
-    assert "torch.profiler" in cupti_mod.other_client()
+    assert "torch.profiler" in other_client()
     enabled[0] = False
-    assert cupti_mod.other_client() == ""
+    assert other_client() == ""
     monkeypatch.setenv("CUDA_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")
-    assert "Nsight" in cupti_mod.other_client()
+    assert "Nsight" in other_client()
 
 
 def test_torch_profiler_start_hands_cupti_over_first(monkeypatch):
-    for name, value in (("_TICKS", False), ("_TICK_REF", None), ("_TICKS_PER_NS", 1.0)):
-        monkeypatch.setattr(cupti_mod, name, value)  # the hook marks CUPTI's clock as possibly changed
-    from gpuworkbench.trace import recorder
+    for name, value in (("ticks", False), ("ref", None), ("per_ns", 1.0)):
+        monkeypatch.setattr(cupti.LIFECYCLE.clock, name, value)  # the hook marks CUPTI's clock as possibly changed
+    from gpuworkbench.trace import recorder_cupti
 
     seen = []
     module = types.SimpleNamespace(_prepare_profiler=lambda *a: seen.append(("torch", a)))
     monkeypatch.setitem(sys.modules, "torch.autograd.profiler", module)
-    recorder._hook_torch_profiler()
-    recorder._hook_torch_profiler()  # once only
+    recorder_cupti.hook_torch_profiler()
+    recorder_cupti.hook_torch_profiler()  # once only
     owner = types.SimpleNamespace(_yield_cupti=lambda reason: seen.append(("trace", reason)))
-    monkeypatch.setattr(recorder, "_CUPTI_OWNER", owner)
+    monkeypatch.setattr(recorder_cupti.OWNER, "trace", owner)
     module._prepare_profiler("config", {"CUDA"})
     assert [who for who, _ in seen] == ["trace", "torch"] and "torch.profiler" in seen[0][1]
     assert seen[1][1] == ("config", {"CUDA"})
-    assert cupti_mod._TICKS  # CUPTI's timestamps are calibrated against the host clock from now on
+    assert cupti.timestamps_are_ticks()  # CUPTI's timestamps are calibrated against the host clock from now on
 
 
 def test_gw_range_marks_host_time_on_the_threads_row():
@@ -271,28 +275,27 @@ def test_work_launched_after_the_trace_stopped_is_not_kept():
     assert t._in_window(blocks[1])["corr"].tolist() == [100, 101, 102]
 
 
-def test_tick_timestamps_after_another_profiler_are_mapped_back_to_nanoseconds(monkeypatch):
+def test_tick_timestamps_after_another_profiler_are_mapped_back_to_nanoseconds():
     """After torch.profiler, CUPTI's timestamps can be CPU ticks (Kineto's timestamp callback stays registered): they
     are mapped back to ns by a line through a reference sample and the latest one; 0 (no timestamp) stays 0."""
-    for name, value in (("_TICKS", False), ("_TICK_REF", None), ("_TICKS_PER_NS", 1.0)):
-        monkeypatch.setattr(cupti_mod, name, value)  # restored after the test
-    assert cupti_mod._to_ns(5_000) == 5_000  # nanoseconds already: untouched
-    cupti_mod.timestamps_may_change()
+    clock = TickClock()
+    assert clock.to_ns(5_000) == 5_000  # nanoseconds already: untouched
+    clock.may_change()
     rate, ref_ticks, ref_ns = 2.1, 300_000_000_000, 1_000_000_000
-    cupti_mod._calibrate(ref_ticks, ref_ns)
-    cupti_mod._calibrate(ref_ticks + int(rate * 50_000_000), ref_ns + 50_000_000)  # 50 ms later
-    assert cupti_mod._TICKS_PER_NS == pytest.approx(rate)
+    clock.calibrate(ref_ticks, ref_ns)
+    clock.calibrate(ref_ticks + int(rate * 50_000_000), ref_ns + 50_000_000)  # 50 ms later
+    assert clock.per_ns == pytest.approx(rate)
     ticks = np.array([ref_ticks + int(rate * 10_000), ref_ticks + int(rate * 30_000_000), 0], np.int64)
-    ns = cupti_mod._to_ns(ticks)
+    ns = clock.to_ns(ticks)
     assert ns.tolist() == [ref_ticks + 10_000, ref_ticks + 30_000_000, 0]
     assert np.diff(ns[:2]).item() == 29_990_000  # durations in ns again
-    cupti_mod.timestamps_may_change()  # a new profiler session: calibration starts over
-    cupti_mod._calibrate(7, 1)
-    cupti_mod._calibrate(7 + 2_000_000, 1 + 2_000_000)  # a clock in ns: rate 1
-    assert cupti_mod._to_ns(123_456) == 123_456
+    clock.may_change()  # a new profiler session: calibration starts over
+    clock.calibrate(7, 1)
+    clock.calibrate(7 + 2_000_000, 1 + 2_000_000)  # a clock in ns: rate 1
+    assert clock.to_ns(123_456) == 123_456
 
 
-def test_the_api_filter_is_set_once_and_cleared_for_another_tool(monkeypatch):
+def test_the_api_filter_is_set_once_and_cleared_for_another_tool():
     """Setting CUPTI's per-API switches is one call per API (~1.5 ms a trace start): set once, kept while no kind of
     ours is on, cleared when torch.profiler takes CUPTI (it then records every call again)."""
     import enum
@@ -306,13 +309,13 @@ def test_the_api_filter_is_set_once_and_cleared_for_another_tool(monkeypatch):
         activity_enable_driver_api=lambda cbid, on: calls.append(("driver", cbid, on)),
         activity_enable_runtime_api=lambda cbid, on: calls.append(("runtime", cbid, on)),
     )
-    monkeypatch.setattr(cupti_mod, "_API_FILTER_SET", False)
-    source = cupti_mod.CuptiSource()
+    life = cupti.Lifecycle()
+    source = life.new_source()
     source._cupti = fake
     assert source._filter_api(True)
     assert sorted(calls) == [("driver", 1, 1), ("driver", 2, 0), ("runtime", 1, 1), ("runtime", 2, 0)]
     calls.clear()
-    source._disable_all()
+    source.disable_all()
     assert source._filter_api(True) and calls == []  # the next trace's start: nothing to set
     assert source._filter_api(False) and sorted(calls) == [
         ("driver", 1, 1),
@@ -320,4 +323,4 @@ def test_the_api_filter_is_set_once_and_cleared_for_another_tool(monkeypatch):
         ("runtime", 1, 1),
         ("runtime", 2, 1),
     ]
-    assert not cupti_mod._API_FILTER_SET
+    assert not life.api_filter.on

@@ -1,4 +1,4 @@
-"""The CUPTI record joins (trace/cupti_join.py, trace/cupti_ops.py) on hand-made record columns: runs without a GPU.
+"""The CUPTI record joins (trace/cupti/join.py, trace/cupti/ops.py) on hand-made record columns: runs without a GPU.
 
 On a GPU the same code is exercised end to end by tests/test_cuda.py and the CUDA runs of test_trace.py."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuworkbench.trace.cupti_join import ExternalIdJoin
-from gpuworkbench.trace.cupti_ops import LOST_AFTER, QUERY_AFTER, CuptiOps
+from gpuworkbench.trace.cupti.join import ExternalIdJoin
+from gpuworkbench.trace.cupti.ops import LOST_AFTER, QUERY_AFTER, CuptiOps
 from gpuworkbench.trace.spans import KIND_CODE
 
 
@@ -208,7 +208,7 @@ def test_a_late_kernel_is_judged_by_the_newest_completion_on_its_stream():
 
 
 def test_names_past_the_table_are_kept_per_op(monkeypatch):
-    from gpuworkbench.trace import cupti_ops
+    from gpuworkbench.trace.cupti import ops as cupti_ops
 
     monkeypatch.setattr(cupti_ops, "NAMES_MAX", 2)
     ops = CuptiOps()

@@ -1,4 +1,4 @@
-"""The primer (``trace/cupti_prime.py``) against a fake libcuda and libcupti: which devices it primes, what it makes
+"""The primer (``trace/cupti/prime.py``) against a fake libcuda and libcupti: which devices it primes, what it makes
 once, and that a failure leaves nothing behind. On a GPU, tests/test_cuda_any_code.py checks that its work never
 reaches a trace."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from gpuworkbench.trace.cupti_prime import Primer
+from gpuworkbench.trace.cupti.prime import Primer
 
 
 class FakeCuda:

@@ -1,5 +1,5 @@
-"""The CUPTI record walk (trace/cupti.py) on hand-made activity buffers: the run-skipping walk must visit exactly the
-records a one-by-one walk by the same record sizes visits. Runs without a GPU (no libcupti is loaded)."""
+"""The CUPTI record walk (trace/cupti/walk.py) on hand-made activity buffers: the run-skipping walk must visit exactly
+the records a one-by-one walk by the same record sizes visits. Runs without a GPU (no libcupti is loaded)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,15 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuworkbench.trace import cupti as cupti_mod
+from gpuworkbench.trace.cupti.walk import UNVERIFIED, RecordWalker
 
 SIZES = {5: 40, 39: 24, 10: 200, 1: 88, 2: 64}  # kind -> record bytes (API, external id, kernel, memcpy, memset)
 
 
-def raw_walker() -> cupti_mod._RawCupti:
-    raw = object.__new__(cupti_mod._RawCupti)  # no libcupti: only the size table the walk reads
-    raw.size_words = [cupti_mod._UNVERIFIED] * cupti_mod._MAX_KIND
+def raw_walker() -> RecordWalker:
+    raw = RecordWalker()  # no libcupti: only the size table the walk reads
     for kind, size in SIZES.items():
         raw.size_words[kind] = size // 4
-    raw.last_walk_status = 0
     return raw
 
 
@@ -33,7 +31,7 @@ def buffer(kinds: list[int]) -> tuple[bytes, list[int]]:
     return bytes(out), offsets
 
 
-def one_by_one(raw: cupti_mod._RawCupti, data: bytes) -> list[int]:
+def one_by_one(raw: RecordWalker, data: bytes) -> list[int]:
     words, i, offsets = memoryview(data).cast("I"), 0, []
     while i < len(words):
         offsets.append(i)
@@ -68,6 +66,6 @@ def test_any_mix_of_runs_and_odd_records_walks_like_one_by_one(parts):
 def test_a_kind_of_unknown_size_falls_back_to_cuptis_walk(monkeypatch):
     raw = raw_walker()
     data, _ = buffer([5, 39, 10] * 40)
-    raw.size_words[39] = cupti_mod._UNVERIFIED
+    raw.size_words[39] = UNVERIFIED
     monkeypatch.setattr(raw, "walk_cupti", lambda d: [0, 99])
     assert raw.walk(data).tolist() == [0, 99]

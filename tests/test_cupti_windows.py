@@ -8,24 +8,16 @@ import struct
 import time
 
 import numpy as np
-import pytest
+from cupti_fakes import fake_cupti_module
 
-from gpuworkbench.trace import cupti as cupti_mod
-from gpuworkbench.trace.cupti_join import ExternalIdJoin
-from gpuworkbench.trace.cupti_ops import CuptiOps
+from gpuworkbench.trace import cupti
+from gpuworkbench.trace.cupti.join import ExternalIdJoin
+from gpuworkbench.trace.cupti.ops import CuptiOps
+from gpuworkbench.trace.cupti.walk import RecordWalker
 from gpuworkbench.trace.spans import KIND_CODE
 
 MAIN, OTHER = 0x7F92_2C5C_2140, 0x7F8F_B4CE_F6C0  # pthread_self() values; CUPTI reports their low 32 bits
 LOW = 0xFFFF_FFFF
-
-
-@pytest.fixture(autouse=True)
-def _nanosecond_timestamps(monkeypatch):
-    """Hand-made records carry nanoseconds: a torch.profiler run earlier in this process (the GPU tests) may have
-    left CUPTI's timestamps marked as ticks, which would rescale them."""
-    monkeypatch.setattr(cupti_mod, "_TICKS", False)
-    monkeypatch.setattr(cupti_mod, "_TICK_REF", None)
-    monkeypatch.setattr(cupti_mod, "_TICKS_PER_NS", 1.0)
 
 
 class Done:
@@ -122,18 +114,15 @@ def kernel_record(start: int, end: int, corr: int) -> bytes:
     return bytes(rec)
 
 
-def offline_source() -> cupti_mod.CuptiSource:
-    """A CuptiSource that decodes hand-made buffers by cupti.h's layouts (no libcupti, never flushes CUPTI)."""
-    src = cupti_mod.CuptiSource()
-    raw = object.__new__(cupti_mod._RawCupti)
-    raw.size_words = [cupti_mod._UNVERIFIED] * cupti_mod._MAX_KIND
+def offline_source() -> cupti.CuptiSource:
+    """A CuptiSource that decodes hand-made buffers by cupti.h's layouts (no libcupti, never flushes CUPTI), on a
+    lifecycle of its own: its timestamps are nanoseconds whatever an earlier torch.profiler left the process's."""
+    src = cupti.Lifecycle().new_source()
+    walker = RecordWalker()  # no libcupti: only the size table the walk reads
     for kind, size in SIZES.items():
-        raw.size_words[kind] = size // 4
-    raw.last_walk_status = 0
-    raw.size_mismatch = {}
-    src._raw = raw
-    src._fields = {k: dict(v) for k, v in cupti_mod._BUILTIN_FIELDS.items()}
-    src._k_kernels, src._k_memcpy, src._k_memset, src._k_ext, src._k_api = (KERNEL, 3), 1, 2, 39, (4, API)
+        walker.size_words[kind] = size // 4
+    src._raw = walker
+    src._setup_tables(fake_cupti_module())  # CUPTI's kind codes; no dtypes: cupti.h's layouts
     return src
 
 
@@ -152,7 +141,7 @@ def test_raw_buffers_join_kernels_to_the_ops_whose_windows_hold_their_calls():
             kernel_record(10_400, 10_900, 9),
         ]
     )
-    src._ingest(data)
+    src.ingest(data)
     out = src.flush_columns(eager=True, full=False, resolve=ops.resolve)
     assert out["start"].tolist() == [10_000, 10_200, 10_400]
     assert out["external_id"].tolist() == [1, -1, 2]
@@ -166,7 +155,7 @@ def test_a_source_taking_over_parked_kinds_drops_records_of_work_that_ended_befo
     """A source that takes over kinds left on (``cupti.LINGER_S``) may receive records from before its start, still in
     CUPTI's buffers: API calls that started and work that ended before its cutoff are dropped."""
     src, ops = offline_source(), CuptiOps()
-    src._cutoff = 3_000
+    src.decoder.cutoff = 3_000
     launch(ops, 1, 3_050, 3_200)
     ops.take_rows(1)
     data = b"".join(
@@ -178,7 +167,7 @@ def test_a_source_taking_over_parked_kinds_drops_records_of_work_that_ended_befo
             kernel_record(10_400, 10_900, 9),
         ]
     )
-    src._ingest(data)
+    src.ingest(data)
     out = src.flush_columns(eager=True, full=False, resolve=ops.resolve)
     assert out["start"].tolist() == [2_950, 10_400] and out["external_id"].tolist() == [-1, 1]
     assert src.incomplete_records == 0  # dropped for the cutoff, not counted as incomplete
@@ -189,7 +178,7 @@ def test_a_record_whose_call_came_after_the_cutoff_is_kept_though_its_device_tim
     before the cutoff where that mapping is behind. Correlation ids grow with each call, so a record whose call came
     after the first call past the cutoff is kept; one of a call before the cutoff is still dropped and counted."""
     src, ops = offline_source(), CuptiOps()
-    src._cutoff = 3_000
+    src.decoder.cutoff = 3_000
     launch(ops, 1, 3_050, 3_200)
     ops.take_rows(1)
     data = b"".join(
@@ -200,27 +189,27 @@ def test_a_record_whose_call_came_after_the_cutoff_is_kept_though_its_device_tim
             kernel_record(2_700, 2_950, 9),  # the trace's kernel, its device time mapped 150 µs early: kept
         ]
     )
-    src._ingest(data)
+    src.ingest(data)
     out = src.flush_columns(eager=True, full=False, resolve=ops.resolve)
     assert out["correlation_id"].tolist() == [9] and out["external_id"].tolist() == [1]
     assert (src.cut_off_records, src.cut_off_calls) == (1, 1)
 
 
 def test_records_of_the_primers_streams_are_never_a_traces(monkeypatch):
-    """The copy and memset ``cupti_prime`` enqueues as a source parks can end after the next source's cutoff: their
-    records are dropped by (device, CUPTI stream id), the rest of that device's work kept."""
-    from gpuworkbench.trace.cupti_prime import PRIMER
+    """The copy and memset the primer (``cupti/prime.py``) enqueues as a source parks can end after the next source's
+    cutoff: their records are dropped by (device, CUPTI stream id), the rest of that device's work kept."""
+    from gpuworkbench.trace.cupti.prime import PRIMER
 
     monkeypatch.setattr(PRIMER, "streams", frozenset({(1, 99)}))
     src = offline_source()
-    src._cutoff = 3_000
+    src.decoder.cutoff = 3_000
     records = []
     for device, stream, corr in ((1, 99, 7), (1, 7, 8), (0, 99, 9)):
         rec = bytearray(kernel_record(3_100, 3_200, corr))
         struct.pack_into("<I", rec, 40, device)
         struct.pack_into("<I", rec, 48, stream)
         records.append(bytes(rec))
-    src._ingest(b"".join(records))
+    src.ingest(b"".join(records))
     out = src.flush_columns(eager=True, full=True)
     assert sorted(zip(out["device_id"].tolist(), out["stream_id"].tolist())) == [(0, 99), (1, 7)]
 
@@ -318,7 +307,7 @@ def feed(t, op_id: int, corr: int) -> None:
     """One of our kernels: its op handed over, then CUPTI's API and kernel records of it delivered."""
     base = op_id * 10_000
     launch(t._cupti_ops, op_id, base, base + 1_000)
-    t._cupti._ingest(api_record(base + 500, MAIN & LOW, corr) + kernel_record(base + 5_000, base + 5_100, corr))
+    t._cupti.ingest(api_record(base + 500, MAIN & LOW, corr) + kernel_record(base + 5_000, base + 5_100, corr))
 
 
 def test_an_unread_recording_trace_defers_decoding_until_a_read():
@@ -356,9 +345,9 @@ def test_a_watched_trace_decodes_at_every_harvest_and_stopping_decodes_the_rest(
 
 
 def test_a_backlog_past_the_bound_is_decoded_even_unread(monkeypatch):
-    from gpuworkbench.trace import recorder
+    from gpuworkbench.trace import recorder_harvest
 
-    monkeypatch.setattr(recorder, "DEFER_OPS", 2)
+    monkeypatch.setattr(recorder_harvest, "DEFER_OPS", 2)
     t = offline_trace()
     try:
         feed(t, 1, 7)
@@ -369,18 +358,15 @@ def test_a_backlog_past_the_bound_is_decoded_even_unread(monkeypatch):
         t.stop()
 
 
-def test_a_take_over_cutoff_is_kept_in_cuptis_own_timestamps_so_a_later_rate_cannot_move_records_across_it(
-    monkeypatch,
-):
+def test_a_take_over_cutoff_is_kept_in_cuptis_own_timestamps_so_a_later_rate_cannot_move_records_across_it():
     """After torch.profiler, CUPTI's timestamps are ticks mapped to ns by a rate learned from samples. The cutoff of a
     take-over is compared with the records' raw timestamps: a rate learned after it moves both alike."""
     src = offline_source()
     src.clock_sample = lambda *args: (0, 0, 0)  # no calibration against the real clock at the flush (on a GPU host)
-    src._cutoff = 1_000_000  # raw timestamp at the take-over
-    monkeypatch.setattr(cupti_mod, "_TICKS", True)
-    monkeypatch.setattr(cupti_mod, "_TICK_REF", (0, 0))
-    monkeypatch.setattr(cupti_mod, "_TICKS_PER_NS", 2.0)  # learned after the cutoff: ns = ticks / 2
-    src._ingest(kernel_record(900_000, 999_000, 1) + kernel_record(990_000, 1_001_000, 2))
+    src.decoder.cutoff = 1_000_000  # raw timestamp at the take-over
+    clock = src.clock
+    clock.ticks, clock.ref, clock.per_ns = True, (0, 0), 2.0  # learned after the cutoff: ns = ticks / 2
+    src.ingest(kernel_record(900_000, 999_000, 1) + kernel_record(990_000, 1_001_000, 2))
     out = src.flush_columns(eager=True, full=True)
     assert out["correlation_id"].tolist() == [2]  # ended before the cutoff: dropped, whatever the rate
     assert out["end"].tolist() == [500_500]  # and the span is in ns
@@ -390,10 +376,44 @@ def test_a_cupti_traces_harvester_turns_a_take_overs_watch_off_as_it_begins_and_
     """A source taken over on a trace's start has its watch's callbacks turned off as the harvest loop begins; one
     taken over later (the trace's first CUDA op started CUPTI) at the loop's next wake."""
     calls = []
-    monkeypatch.setattr(cupti_mod, "quiet_taken_over", lambda: calls.append(time.monotonic()))
+    monkeypatch.setattr(cupti, "quiet_taken_over", lambda: calls.append(time.monotonic()))
     t = offline_trace()  # interval 5 ms
     try:
         assert wait_for(lambda: len(calls) >= 3)
     finally:
         t.stop()
     assert t.wait_pending(5)
+
+
+def test_a_completed_buffer_goes_to_the_source_that_records_and_back_to_the_pool(monkeypatch):
+    """CUPTI's buffer callbacks (``RawCupti``): an empty buffer from the pool, and a completed one's valid bytes
+    copied to the lifecycle's recording source (dropped where none records), the buffer pooled again."""
+    import ctypes
+    import types
+
+    from cupti_fakes import Fn
+
+    from gpuworkbench.trace.cupti import binding
+
+    lib = types.SimpleNamespace(
+        cuptiActivityRegisterCallbacks=Fn(lambda request, complete: 0),
+        cuptiActivityFlushAll=Fn(lambda forced: 0),
+        cuptiActivityGetNextRecord=Fn(lambda *args: 1),
+    )
+    monkeypatch.setattr(binding.ctypes, "CDLL", lambda path: lib)
+    life = cupti.Lifecycle()
+    raw = binding.RawCupti("libcupti.so", lambda: life.active)
+    src = life.new_source()
+
+    def one_buffer(payload: bytes) -> None:
+        buf, size, most = (ctypes.c_void_p * 1)(), (ctypes.c_size_t * 1)(), (ctypes.c_size_t * 1)()
+        raw._on_request(buf, size, most)
+        assert size[0] == binding.BUFFER_BYTES and buf[0] % 8 == 0
+        ctypes.memmove(buf[0], payload, len(payload))
+        raw._on_complete(None, 0, buf[0], size[0], len(payload))
+
+    one_buffer(b"x" * 12)  # nobody records: dropped
+    assert src.backlog_bytes == 0 and len(raw._pool) == 1
+    life.start_recording(src)
+    one_buffer(b"y" * 12)
+    assert src.backlog_bytes == 16 and len(raw._pool) == 1  # padded to 8; the same buffer, pooled again

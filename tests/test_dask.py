@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import gpuworkbench as gw
-from gpuworkbench.trace.analysis import TASK_COLUMNS, advise_workers, summarize_workers
+from gpuworkbench.dask.summary import TASK_COLUMNS, advise_workers, summarize_workers
 from gpuworkbench.trace.spans import KIND_CODE, KINDS, table_from_records
 
 SHIFT_NS = 5_000_000
@@ -207,10 +207,10 @@ def test_live_gathers_while_recording(client):
 def _others_state(name: str, dask_worker=None) -> dict:
     """``client.run`` target: whether this worker's trace of session ``name`` records other libraries' CUDA work, and
     whether a CUDA library was loaded in the worker (then CUPTI starts with the trace)."""
-    from gpuworkbench.trace.recorder import _cuda_in_process
+    from gpuworkbench.trace.recorder_cupti import cuda_in_process
 
     trace = getattr(dask_worker.plugins.get(name), "trace", None)
-    return {"others": None if trace is None else trace.others, "cuda": _cuda_in_process()}
+    return {"others": None if trace is None else trace.others, "cuda": cuda_in_process()}
 
 
 def test_others_reaches_every_worker_trace(client):

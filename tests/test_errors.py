@@ -296,7 +296,7 @@ def test_opencl_out_of_memory(opencl):
         with pytest.raises(gw.OutOfMemory, match=rf"on {opencl.spec}") as info:
             opencl.alloc(total + 1, "uint8")
         assert info.value.asked == total + 1 and info.value.total == total
-        limit = opencl._backend._max_alloc
+        limit = opencl.backend_device._max_alloc
         if limit < total:
             with pytest.raises(gw.OutOfMemory, match=f"one allocation may be at most {limit} B"):
                 opencl.alloc(limit + 1, "uint8")
@@ -394,7 +394,7 @@ def test_bad_launches(device, unharmed):
 
 def test_block_larger_than_the_device_allows(opencl, unharmed):
     kernel = opencl.compile("__kernel void k(__global int* x) { x[get_global_id(0)] = 1; }", "k")
-    too_big = opencl._backend._dev.max_work_group_size * 2
+    too_big = opencl.backend_device._dev.max_work_group_size * 2
     with opencl.alloc(too_big, "int32") as buf, unharmed:
         with pytest.raises(gw.InvalidArgument, match=rf"refused grid \(1,\) × block \({too_big},\)"):
             kernel(1, too_big, (buf,))

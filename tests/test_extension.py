@@ -1,4 +1,5 @@
-"""The JupyterLab extension as shipped: built into the wheel, and speaking the same protocol as gpuworkbench/comm.py."""
+"""The JupyterLab extension as shipped: built into the wheel, and speaking the same protocol as the kernel end,
+gpuworkbench/notebook/comm.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuworkbench import comm
+from gpuworkbench.notebook import comm
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTENSION = ROOT / "extension"
@@ -24,7 +25,7 @@ def test_front_end_speaks_the_kernels_protocol() -> None:
     assert re.search(rf"export const TARGET = '{comm.TARGET}';", source)
     assert re.search(rf"export const PROTOCOL_VERSION = {comm.PROTOCOL_VERSION};", source)
     methods = re.search(r"export type Method = ([^;]+);", source).group(1)
-    assert sorted(re.findall(r"'(\w+)'", methods)) == sorted(comm._PARAMS)
+    assert sorted(re.findall(r"'(\w+)'", methods)) == sorted(comm.METHOD_PARAMS)
 
 
 def test_package_name_is_the_shared_data_folder() -> None:

@@ -128,7 +128,7 @@ def test_host_steps_cannot_be_captured(device):
         ops.upload(sample(8, "float32"), device=device).then(ops.download()).map(np.sum).graph_on(s)
     with pytest.raises(gw.InvalidArgument, match="waits on the host"):
         ops.upload(sample(8, "float32"), device=device).then(ops.download()).then(ops.upload()).graph_on(s)
-    assert s._capture is None and device.held_bytes == held
+    assert s.capturing is None and device.held_bytes == held
     assert np.array_equal(ops.upload(np.ones(8, np.float32), device=device).then(ops.download()).sync_on(s), np.ones(8))
 
 

@@ -1,4 +1,4 @@
-"""Tests of kernels.py: raw kernels in each backend's language, and ``gw.elementwise`` on every backend."""
+"""Tests of kernels/: raw kernels in each backend's language, and ``gw.elementwise`` on every backend."""
 
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ def test_a_repeated_launch_keeps_no_buffer_alive(cpu):
     for _ in range(3):
         k(1, 1, (x, one)).wait()
     assert k._repeats
-    ref, memory = weakref.ref(x), weakref.ref(x._handle)  # the CPU backend's array behind the buffer
+    ref, memory = weakref.ref(x), weakref.ref(x.handle)  # the CPU backend's array behind the buffer
     cpu.default_stream.synchronize()  # the stream lets go of its finished ops' arguments
     del x
     gc.collect()
@@ -222,75 +222,67 @@ def test_elementwise_scalar_that_is_not_a_number_is_invalid_argument(cpu):
 
 
 # ------------------------------------------------------------------ CPU completions without a primitive per op
-def test_cpu_completion_wait_done_and_errors_across_threads(cpu, gate):
-    s = cpu.create_stream("waits")
-    try:
-        gate.close_on(s)
-        boom = cpu.compile(lambda: 1 / 0, "boom")
-        failed = boom(1, 1, (), stream=s)
-        after = s.record()
-        assert not failed.done and not after.done
-        woke = []
-        waiters = [threading.Thread(target=lambda: (after._completion.wait(), woke.append(1))) for _ in range(3)]
-        for t in waiters:
-            t.start()
-        gate.open()
-        for t in waiters:
-            t.join(10)
-        assert woke == [1, 1, 1]
-        with pytest.raises(gw.GpuError, match="ZeroDivisionError"):
-            failed.wait()
-        after.wait()
-        s.synchronize()  # the failure was reported by failed.wait(): not again
-    finally:
-        s.close()
+@pytest.fixture
+def gated(cpu, gate):
+    """A CPU stream whose ops wait behind the gate until ``gate.open()``; closed after the test."""
+    s = cpu.create_stream("gated")
+    gate.close_on(s)
+    yield s
+    s.close()
 
 
-def test_async_copy_keeps_the_host_array_alive_until_done(cpu, gate):
-    s = cpu.create_stream("keep")
-    b = cpu.alloc(1024, "float32")
-    try:
-        gate.close_on(s)
+def test_cpu_completion_wait_done_and_errors_across_threads(cpu, gate, gated):
+    boom = cpu.compile(lambda: 1 / 0, "boom")
+    failed = boom(1, 1, (), stream=gated)
+    after = gated.record()
+    assert not failed.done and not after.done
+    woke = []
+    waiters = [threading.Thread(target=lambda: (after.completion.wait(), woke.append(1))) for _ in range(3)]
+    for t in waiters:
+        t.start()
+    gate.open()
+    for t in waiters:
+        t.join(10)
+    assert woke == [1, 1, 1]
+    with pytest.raises(gw.GpuError, match="ZeroDivisionError"):
+        failed.wait()
+    after.wait()
+    gated.synchronize()  # the failure was reported by failed.wait(): not again
+
+
+def test_async_copy_keeps_the_host_array_alive_until_done(cpu, gate, gated):
+    with cpu.alloc(1024, "float32") as b:
         host = np.arange(1024, dtype=np.float32)
         alive = weakref.ref(host)
-        b.copy_from_host_async(host, s)
+        b.copy_from_host_async(host, gated)
         del host
         nop = cpu.compile(lambda: None, "nop")
         for _ in range(200):  # enough ops to prune the stream's list now and then, all still pending
-            nop(1, 1, (), stream=s)
+            nop(1, 1, (), stream=gated)
         gc.collect()
         assert alive() is not None  # the stream holds it while the copy waits behind the gate
         gate.open()
-        s.synchronize()
+        gated.synchronize()
         gc.collect()
         assert alive() is None
         np.testing.assert_array_equal(b.copy_to_host(), np.arange(1024, dtype=np.float32))
-    finally:
-        b.free()
-        s.close()
 
 
-def test_stream_prune_keeps_pending_ops_and_their_arrays(cpu, gate):
-    s = cpu.create_stream("prune")
-    b = cpu.alloc(16, "float32")
-    try:
-        gate.close_on(s)
+def test_stream_prune_keeps_pending_ops_and_their_arrays(cpu, gate, gated):
+    with cpu.alloc(16, "float32") as b:
         refs = []
         for i in range(300):  # past several prunes (every 64 ops), none finished
             host = np.full(16, i, np.float32)
             refs.append(weakref.ref(host))
-            b.copy_from_host_async(host, s)
+            b.copy_from_host_async(host, gated)
             del host
         gc.collect()
         assert all(r() is not None for r in refs)
-        assert s.pending == 301
+        assert gated.pending == 301
         gate.open()
-        s.synchronize()
-        assert s.pending == 0
+        gated.synchronize()
+        assert gated.pending == 0
         np.testing.assert_array_equal(b.copy_to_host(), np.full(16, 299, np.float32))
-    finally:
-        b.free()
-        s.close()
 
 
 def test_ops_enqueued_from_threads_are_all_tracked(cpu):
@@ -499,7 +491,7 @@ def fake_cuda(monkeypatch):
 
     cuda = types.SimpleNamespace(runtime=runtime, Stream=make_stream, Event=_FakeEvent, driver=_FakeDriver(runtime))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
-    from gpuworkbench.backends import cuda as backend
+    from gpuworkbench.backends.cuda import device as backend
 
     info = DeviceInfo("cuda", 0, "fake", True, 1 << 30)
     return backend, backend.CudaDevice(info, backend.CAPS)
@@ -524,9 +516,9 @@ def test_cuda_untimed_launch_records_no_event_until_asked(fake_cuda):
     dev.wait_event(other, copy)  # another stream's wait resolves it: an event after the copy
     assert s.records == 2 and other.waits[-1].upto == 101
     timed = dev.launch(kernel, (1,), (32,), [], s, True)
-    assert type(timed) is backend._CudaCompletion and s.records == 4  # timed ops keep their two events
+    assert type(timed) is backend.CudaCompletion and s.records == 4  # timed ops keep their two events
     marker = dev.record(s)
-    assert type(marker) is backend._CudaCompletion and s.records == 5  # an explicit marker is recorded at once
+    assert type(marker) is backend.CudaCompletion and s.records == 5  # an explicit marker is recorded at once
     unasked = dev.copy_d2h(np.zeros(4, np.float32), 0x10, 0, s, False)
     dev.destroy_stream(s)  # synchronizes the stream: what was never asked about needs no event now
     assert unasked.resolve() is DONE and s.records == 5
@@ -586,7 +578,7 @@ def test_cuda_capture_freezes_markers(fake_cuda):
     dev.begin_capture(s)
     assert s.records == 1  # one marker before the capture begins
     inside = dev.copy_d2d(0x20, 0, 0x10, 0, 8, s, False)
-    assert inside is backend._IN_GRAPH
+    assert inside is backend.IN_GRAPH
     assert not before.done() and s.records == 1  # asked during the capture: the marker made before it
     assert dev.end_capture(s) == "graph"
     after = dev.copy_d2d(0x20, 0, 0x10, 0, 8, s, False)

@@ -1,9 +1,12 @@
 """The package's layering, read from its source with ``ast`` (nothing is imported).
 
-Module-level imports must form no cycle: data moves one way (docs/architecture.md, "Layers"). A module that needs one
-above it imports it inside the function that needs it, at call time; each such deferred import that reaches up (its
-target imports the importing module, directly or through others) is a seam, and every seam is named in
-docs/architecture.md, "Seams". A new unnamed seam fails here with the file:line to name.
+Every import counts, at module level and inside functions (``if TYPE_CHECKING:`` blocks never run and do not): data
+moves one way (docs/architecture.md). A module that needs one above it imports it inside the function that needs it,
+at call time; each such deferred import that reaches up (its target imports the importing module, directly or
+through others) is a seam, named in docs/architecture.md, "Seams" (at most four). Without the seams' imports the graph
+has no cycle. The rooms keep their places: the core never imports the tracer, the tracer neither draws nor runs the
+crossover benchmark, backends import only backends, and nothing imports the package root. No module runs past 600
+lines, and none reaches into another module's private names.
 """
 
 from __future__ import annotations
@@ -311,13 +314,163 @@ def test_every_seam_is_named_in_architecture_md() -> None:
 
 def test_every_patch_of_another_library_is_named_in_architecture_md() -> None:
     patches = find_patches(MODULES, ROOT, PACKAGE)
-    assert any(p[2] == "_hook_torch_profiler" for p in patches), patches  # the one there is
+    assert any(p[2] == "hook_torch_profiler" for p in patches), patches  # the one there is
     section = seams_section(ARCHITECTURE.read_text(encoding="utf-8"))
     unnamed = [p for p in patches if f"`{p[2]}`" not in section or f"`{p[3]}`" not in section]
     assert not unnamed, "functions that replace another library's attribute, not named in {} § Seams:\n{}".format(
         ARCHITECTURE.relative_to(ROOT),
         "\n".join(f"  {path}:{line} {function} replaces {what}" for path, line, function, what in unnamed),
     )
+
+
+def full_graph(imports: list[Import], skip: set[tuple[str, str, str]] = frozenset(), package: str = PACKAGE):
+    """Module → the modules any of its imports runs, at module level or inside a function, leaving out the imports
+    whose (file, function, target) is in ``skip`` (the named seams)."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        key = (imp.path.removeprefix(f"{package}/"), imp.function, imp.target.removeprefix(f"{package}."))
+        if key not in skip:
+            graph.setdefault(imp.module, set()).update(imp.runs)
+    return graph
+
+
+def _in(module: str, *rooms: str) -> bool:
+    return any(module == room or module.startswith(room + ".") for room in rooms)
+
+
+#: The core: what every op passes through. It announces to ``listeners`` and never imports the tracer.
+CORE = ("device", "buffer", "streams", "_dispatch", "_memory", "ranges", "listeners", "op_names", "persistent")
+BACKENDS_MAY_IMPORT = ("backends", "errors", "_format")
+MAX_SEAMS = 4
+MAX_LINES = 600
+
+
+def rule_breaks(imports: list[Import], named: set[tuple[str, str, str]], package: str = PACKAGE) -> list[str]:
+    """One line per import that breaks a room's rule (see the module's docstring); named seams may reach up."""
+    breaks = []
+    core = tuple(f"{package}.{name}" for name in CORE)
+    backends_may = tuple(f"{package}.{name}" for name in BACKENDS_MAY_IMPORT)
+    for imp in imports:
+        key = (imp.path.removeprefix(f"{package}/"), imp.function, imp.target.removeprefix(f"{package}."))
+        where = f"  {imp.path}:{imp.line} imports {imp.target}"
+        if imp.target == package and imp.module != package:
+            breaks.append(f"{where}: the package root (import the module itself)")
+        if _in(imp.module, *core) and _in(imp.target, f"{package}.trace"):
+            breaks.append(f"{where}: the core never imports the tracer (announce through listeners)")
+        if _in(imp.module, f"{package}.trace") and key not in named:
+            if _in(imp.target, f"{package}.viz", f"{package}.notebook", f"{package}.library"):
+                breaks.append(f"{where}: the tracer neither draws, nor runs benchmarks, nor knows the notebook")
+        if _in(imp.module, f"{package}.backends") and not _in(imp.target, *backends_may):
+            breaks.append(f"{where}: a backend imports only backends, errors and _format")
+        if _in(imp.module, f"{package}.viz") and _in(imp.target, f"{package}.backends"):
+            breaks.append(f"{where}: the pictures know no backend")
+    return breaks
+
+
+def long_modules(modules: dict[str, Path], limit: int = MAX_LINES) -> list[str]:
+    """Modules over ``limit`` lines, unless their first line is a comment that says why (a table, generated text)."""
+    found = []
+    for path in modules.values():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if len(lines) > limit and not lines[0].startswith("#"):
+            found.append(f"  {path.as_posix()}: {len(lines)} lines")
+    return found
+
+
+def _defined_private(tree: ast.AST) -> set[str]:
+    """Underscore names a module defines or names itself: functions, classes, attributes it stores, arguments,
+    strings (``__slots__``, ``getattr``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)
+    return {n for n in names if n.startswith("_")}
+
+
+def _other_libraries(tree: ast.AST, package: str) -> set[str]:
+    """Names bound to another library's module (``import torch``, ``m = sys.modules.get("torch")``): what code
+    reads of them is that library's business (a seam with it), not another module of ours."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names if not a.name.startswith(package))
+        elif isinstance(node, ast.ImportFrom) and not node.level and not (node.module or "").startswith(package):
+            names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            fetched = _module_fetched(node.value)
+            if fetched and not fetched.startswith(package):
+                names.add(node.targets[0].id)
+    return names
+
+
+def _root_name(node: ast.expr) -> str:
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def private_reaches(modules: dict[str, Path], package: str = PACKAGE) -> list[str]:
+    """``from .x import _name`` of a name (not a module) across modules, and ``obj._attr`` where no code of the same
+    module makes ``_attr``: another module's private name. Dunders and other libraries' ``name_`` spellings pass, and
+    so does a line that says whose attribute it reads (``# other library: ...``), a seam with that library."""
+    found = []
+    for module, path in modules.items():
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        own = _defined_private(tree)
+        theirs = _other_libraries(tree, package)
+        rel = path.as_posix()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                for alias in node.names:
+                    if not alias.name.startswith("_") or alias.name.startswith("__"):
+                        continue
+                    base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)] + ([node.module] if node.module else [])
+                    if ".".join([*base, alias.name]) not in modules:
+                        found.append(f"  {rel}:{node.lineno}: imports {alias.name} from {'.'.join(base)}")
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.endswith("_")
+                and node.attr not in own
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                and _root_name(node.value) not in theirs
+                and "# other library:" not in lines[node.lineno - 1]
+            ):
+                found.append(f"  {rel}:{node.lineno}: reads {ast.unparse(node)[:60]}")
+    return found
+
+
+def test_without_the_named_seams_no_import_forms_a_cycle() -> None:
+    named = named_seams(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert len(named) <= MAX_SEAMS, f"{len(named)} seams named; at most {MAX_SEAMS}: {sorted(named)}"
+    cycle = find_cycle(full_graph(IMPORTS, named))
+    assert cycle is None, "imports (inside functions too) form a cycle: " + " → ".join(cycle or [])
+
+
+def test_each_room_imports_only_what_it_may() -> None:
+    breaks = rule_breaks(IMPORTS, named_seams(ARCHITECTURE.read_text(encoding="utf-8")))
+    assert not breaks, "imports that break the layering:\n" + "\n".join(breaks)
+
+
+def test_no_module_runs_past_600_lines() -> None:
+    found = long_modules(MODULES)
+    assert not found, f"modules over {MAX_LINES} lines (split them by concept):\n" + "\n".join(found)
+
+
+def test_no_module_reaches_into_another_modules_private_names() -> None:
+    found = private_reaches(MODULES)
+    assert not found, "private names of other modules used (make them public):\n" + "\n".join(found)
 
 
 # ---------------------------------------------------------------------------------------------- the checks can fail
@@ -404,3 +557,42 @@ def test_seams_table_is_read() -> None:
     }
     with pytest.raises(AssertionError, match="no '## Seams' section"):
         named_seams("## Layers\n")
+
+
+def test_the_rules_find_what_breaks_them(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .device import Device\n",
+            "pkg/device.py": "def f():\n    from .trace import recorder\n    import pkg\n",
+            "pkg/trace/__init__.py": "",
+            "pkg/trace/recorder.py": "from ..viz import draw\ndef seam():\n    from .. import viz\n",
+            "pkg/viz/__init__.py": "",
+            "pkg/viz/draw.py": "from ..backends import cuda\n",
+            "pkg/backends/__init__.py": "",
+            "pkg/backends/cuda.py": "from .. import device\nfrom ..errors import E\n",
+            "pkg/errors.py": "class E(Exception): ...\n",
+            "pkg/other.py": (
+                "import torch\nfrom .device import _private, f\nx = f.__name__\ny = f._hidden\n_z = 1\nw = f._z\n"
+                "t = torch._C._x\nq = f._wgpu  # other library: wgpu-py\n"
+            ),
+        },
+    )
+    modules = find_modules(tmp_path / "pkg", "pkg")
+    imports = read_imports(modules, tmp_path, "pkg")
+    named = {("trace/recorder.py", "seam", "viz")}
+    breaks = "\n".join(rule_breaks(imports, named, "pkg"))
+    assert "pkg/device.py:2 imports pkg.trace.recorder: the core never imports the tracer" in breaks
+    assert "pkg/device.py:3 imports pkg: the package root" in breaks
+    assert "pkg/trace/recorder.py:1 imports pkg.viz.draw: the tracer" in breaks
+    assert "recorder.py:3" not in breaks  # the named seam
+    assert "pkg/viz/draw.py:1 imports pkg.backends.cuda: the pictures know no backend" in breaks
+    assert "pkg/backends/cuda.py:1 imports pkg.device: a backend" in breaks
+    assert "cuda.py:2" not in breaks
+    assert full_graph(imports, named)["pkg.device"] >= {"pkg.trace.recorder", "pkg"}
+    reaches = "\n".join(r.split("pkg/", 1)[1] for r in private_reaches(modules, "pkg"))
+    assert reaches == "other.py:2: imports _private from pkg.device\nother.py:4: reads f._hidden"
+    (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 601)
+    (tmp_path / "pkg" / "table.py").write_text("# a table: long by nature\n" + "x = 1\n" * 700)
+    long = long_modules(find_modules(tmp_path / "pkg", "pkg"))
+    assert [line.rsplit("/", 1)[1] for line in long] == ["long.py: 601 lines"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import gpuworkbench as gw
-from gpuworkbench import magics
+from gpuworkbench.notebook import history
 from gpuworkbench.trace.recorder import Trace
 from gpuworkbench.trace.spans import COLUMNS, KIND_CODE, pack_dim3, thread_stream
 
@@ -477,7 +477,7 @@ def shell(monkeypatch):
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "gpuworkbench")
     yield ip
-    magics.history.clear()
+    history.history.clear()
 
 
 def test_gpu_load_shows_stores_and_records_the_trace(shell, capsys, tmp_path):
@@ -488,17 +488,17 @@ def test_gpu_load_shows_stores_and_records_the_trace(shell, capsys, tmp_path):
     assert "idle %" in out and "(from ops)" in out  # the summary, as %%gpu shows it outside a notebook
     trace = shell.user_ns["pt"]
     assert isinstance(trace, Trace) and len(trace) == len(DEVICE_WORK) + 16
-    record = magics.history[-1]
+    record = history.history[-1]
     assert record.trace is trace and record.name == "pt" and record.source == path
     assert record.idle_pct == pytest.approx(trace.summary().idle_pct)
     assert record.window_ns == (ns(100.0), ns(430.0))
 
-    from gpuworkbench import comm
+    from gpuworkbench.notebook import comm
 
     entry = comm.trace_entry(record)
     assert entry["id"] == trace.id and entry["spans"] == len(trace) and entry["name"] == "pt"
     shell.run_line_magic("gpu", f"load {path}")
-    assert comm.trace_entry(magics.history[-1])["name"] == "rank-0.json.gz"  # the panel names it by its file
+    assert comm.trace_entry(history.history[-1])["name"] == "rank-0.json.gz"  # the panel names it by its file
 
 
 @pytest.mark.parametrize(
@@ -509,7 +509,7 @@ def test_gpu_load_bad_arguments_print_usage(shell, capsys, line, message):
     shell.run_line_magic("gpu", line)
     err = capsys.readouterr().err
     assert message in err and "usage: %gpu load" in err
-    assert not magics.history
+    assert not history.history
 
 
 def test_gpu_load_of_a_broken_file_prints_one_line(shell, capsys, tmp_path):
@@ -519,4 +519,4 @@ def test_gpu_load_of_a_broken_file_prints_one_line(shell, capsys, tmp_path):
     captured = capsys.readouterr()
     assert "Traceback" not in captured.out + captured.err
     assert str(path) in captured.err and "truncated gzip" in captured.err
-    assert len(captured.err.strip().splitlines()) == 1 and not magics.history
+    assert len(captured.err.strip().splitlines()) == 1 and not history.history

@@ -1,4 +1,4 @@
-"""Tests of magics.py: ``%gpu`` and ``%%gpu`` driven through IPython's InteractiveShell on the CPU and PoCL backends."""
+"""Tests of the ``%gpu`` and ``%%gpu`` magics driven through IPython's InteractiveShell on the CPU and PoCL backends."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ pytest.importorskip("IPython")
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
 import gpuworkbench as gw  # noqa: E402
-from gpuworkbench import magics  # noqa: E402
-from gpuworkbench.trace import recorder  # noqa: E402
+from gpuworkbench.notebook import cell_hooks, history, magics  # noqa: E402
 
 #: A cell that uploads on one stream, computes on a second after waiting for the upload, and reads back.
 TRACED_CELL = """\
@@ -41,7 +40,7 @@ def shell(monkeypatch):
     if instance.live is not None:
         instance.live.stop()
     instance.device, instance.live, instance.last_bench = None, None, None
-    magics.history.clear()
+    history.history.clear()
 
 
 def gpu_magics(ip: InteractiveShell) -> magics.GpuMagics:
@@ -116,7 +115,7 @@ def test_cell_magic_stores_a_trace_of_the_cell(shell, capsys):
     assert [s.kind for s in sorted(spans, key=lambda s: s.start_ns)] == ["h2d", "kernel", "d2h"]
     assert len({s.stream for s in spans}) == 2
     assert next(s for s in spans if s.kind == "kernel").name == "scale_add"
-    record = magics.history[-1]
+    record = history.history[-1]
     assert record.trace is trace and record.name == "t" and record.error is None
     assert record.wall_s > 0 and record.idle_pct is not None and record.efficiency is not None
     start, end = record.window_ns
@@ -142,9 +141,9 @@ def test_cell_error_propagates_and_the_trace_stops(shell, capsys):
     assert isinstance(result.error_in_exec, KeyError)
     assert "KeyError" in capsys.readouterr().out  # IPython showed the cell's traceback
     trace = shell.user_ns["failed"]
-    assert trace not in recorder.ACTIVE
+    assert not trace.recording
     assert trace.wait_pending(5) and "memset" in [s.kind for s in trace.spans]
-    assert magics.history[-1].error == "KeyError('boom')"
+    assert history.history[-1].error == "KeyError('boom')"
     shell.user_ns["b"].free()
 
 
@@ -233,16 +232,18 @@ def test_a_cell_that_does_not_trace_lets_cupti_go_first_and_one_that_traces_gets
     monkeypatch.setattr(cupti, "detached", lambda: False)
     monkeypatch.setattr(cupti, "let_go", lambda: calls.append("let go") or True)
     monkeypatch.setattr(cupti, "warm_for_cell", lambda: calls.append("warm") or True)
-    monkeypatch.setattr(magics, "_last_hook", None)
+    notebook: list[bool] = []
+    monkeypatch.setattr(cupti, "set_notebook", notebook.append)
+    monkeypatch.setattr(cell_hooks, "last_done", None)
     magics.register(shell)  # what %load_ext's first load did (the hooks are registered once)
-    assert cupti.NOTEBOOK
+    assert notebook == [True]  # CUPTI told it serves a notebook: attached for the cells that trace, not on a timer
     shell.run_cell("plain = 1 + 1")
     assert calls == ["let go"]
-    assert magics._last_hook[0] == "let CUPTI go for the untraced cell" and magics._last_hook[1] >= 0
+    assert cell_hooks.last_done[0] == "let CUPTI go for the untraced cell" and cell_hooks.last_done[1] >= 0
     shell.run_cell("%%gpu --no-show\nx = 2")
     shell.run_cell("import gpuworkbench as gw\nwith gw.trace():\n    pass")
     assert calls == ["let go", "warm", "warm"]
-    assert magics._last_hook[0].endswith("for the cell's trace")
+    assert cell_hooks.last_done[0].endswith("for the cell's trace")
     shell.run_line_magic("gpu", "cupti")
     assert "for the cell's trace, in " in capsys.readouterr().out
     shell.run_cell("loaded = None  # gw.load_trace(path)")  # reads a file: nothing to ready, CUPTI kept

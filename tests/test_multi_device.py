@@ -337,18 +337,18 @@ def test_cross_device_figures_from_a_hand_built_trace():
 
 # ------------------------------------------------------------------------------------------------ %gpu links
 def test_link_notes(monkeypatch):
-    from gpuworkbench import magics
     from gpuworkbench.backends import cuda
     from gpuworkbench.backends.base import DeviceInfo
+    from gpuworkbench.notebook import devices
 
     def gpus(n: int) -> list[DeviceInfo]:
         return [DeviceInfo("cuda", i, "GPU", True, 1 << 30) for i in range(n)] + [DeviceInfo("cpu", 0, "CPU", False, 1)]
 
     links = {(0, 1): "NVLink", (1, 0): "NVLink", (0, 2): "PCIe", (2, 0): "none", (1, 2): "none", (2, 1): "none"}
     monkeypatch.setattr(cuda, "peer_links", lambda count: {k: v for k, v in links.items() if max(k) < count})
-    assert magics._link_notes(gpus(1)) == []
-    assert magics._link_notes(gpus(0)) == []
-    assert magics._link_notes(gpus(3)) == [
+    assert devices.link_notes(gpus(1)) == []
+    assert devices.link_notes(gpus(0)) == []
+    assert devices.link_notes(gpus(3)) == [
         "link cuda:0 ↔ cuda:1: NVLink",
         "link cuda:0 ↔ cuda:2: PCIe (cuda:0 → cuda:2), none (cuda:2 → cuda:0)",
         "link cuda:1 ↔ cuda:2: no peer access: copies between them go through the host",
@@ -358,7 +358,7 @@ def test_link_notes(monkeypatch):
         raise RuntimeError("driver says no")
 
     monkeypatch.setattr(cuda, "peer_links", broken)
-    assert magics._link_notes(gpus(2)) == []
+    assert devices.link_notes(gpus(2)) == []
 
 
 def test_gpu_listing_shows_no_links_with_fewer_than_two_gpus(capsys):
@@ -405,7 +405,7 @@ def test_cuda_peer_copy_both_ways(nbytes):
     a, b = _cuda_devices(2)
     n = nbytes // 4
     data = np.random.default_rng(1).standard_normal(n).astype(np.float32)
-    route = b._backend.peer_route(a._backend)
+    route = b.backend_device.peer_route(a.backend_device)
     with a.alloc(n) as x, b.alloc(n) as y, a.alloc(n) as back, gw.trace() as t:
         x.copy_from_host(data)
         y.copy_from(x)

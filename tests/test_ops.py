@@ -1,4 +1,4 @@
-"""Lazy ops (``gpuworkbench/ops.py``) on every backend: results equal NumPy's, ``then`` keeps order on one stream,
+"""Lazy ops (``gpuworkbench/ops/``) on every backend: results equal NumPy's, ``then`` keeps order on one stream,
 ``zip`` runs on several streams (and overlaps on the CPU backend), ``shared`` runs once, policies pick as documented,
 names reach the trace, and an op frees what it allocated for itself."""
 
@@ -203,6 +203,16 @@ def test_on_stream_and_sync_on(device):
     if other is not None:
         with pytest.raises(gw.InvalidArgument, match="is on"):
             ops.upload(host, device=other).sync(gw.OnStream(s))
+
+
+def test_the_op_policies_pick_as_a_stream_pool_does(cpu):
+    """RoundRobin and LeastPending are the op streams picked by a StreamAssignment, the rule a StreamPool takes."""
+    assert gw.RoundRobin(2).assignment is gw.StreamAssignment.ROUND_ROBIN
+    assert gw.LeastPending(2).assignment is gw.StreamAssignment.LEAST_PENDING
+    rule, round_robin = ops.Assigned(3, gw.StreamAssignment.ROUND_ROBIN), gw.RoundRobin(3)
+    assert [rule.pick(cpu) for _ in range(4)] == [round_robin.pick(cpu) for _ in range(4)]
+    with pytest.raises(gw.InvalidArgument, match="StreamAssignment"):
+        ops.Assigned(2, "round_robin")
 
 
 @every_backend

@@ -12,7 +12,8 @@ import pytest
 from support import open_device, release_leftovers
 
 import gpuworkbench as gw
-from gpuworkbench import persistent
+from gpuworkbench.persistent import kernel as persistent
+from gpuworkbench.persistent import ring
 
 BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -40,13 +41,13 @@ def _upload(dev: gw.Device, values: np.ndarray) -> gw.Buffer:
 
 
 def _slow_cpu_commands(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    real = persistent._cpu_execute
+    real = ring.cpu_execute
 
     def slow(*args):
         time.sleep(seconds)
         return real(*args)
 
-    monkeypatch.setattr(persistent, "_cpu_execute", slow)
+    monkeypatch.setattr(ring, "cpu_execute", slow)
 
 
 # ---------------------------------------------------------------------------------------------------------- results
@@ -156,7 +157,7 @@ def test_stop_is_idempotent_and_ends_the_kernel(dev):
     with pytest.raises(gw.InvalidArgument, match="stopped"):
         pk.submit("echo", 1, 1)
     if dev.backend_kind is gw.BackendKind.CPU:  # the stream's worker thread, which ran the loop, has ended too
-        worker = pk.stream._raw.thread
+        worker = pk.stream.raw.thread
         worker.join(5)
         assert not worker.is_alive()
 
@@ -178,14 +179,14 @@ def test_a_failed_command_is_reported_and_the_kernel_goes_on(dev):
 
 
 def test_a_command_that_raises_on_the_cpu(cpu, monkeypatch):
-    real = persistent._cpu_execute
+    real = ring.cpu_execute
 
     def failing(op, *args):
         if op == gw.PersistentKernel.SUM:
             raise RuntimeError("boom")
         return real(op, *args)
 
-    monkeypatch.setattr(persistent, "_cpu_execute", failing)
+    monkeypatch.setattr(ring, "cpu_execute", failing)
     with cpu.persistent() as pk, cpu.alloc(4) as buf:
         with pytest.raises(gw.GpuError, match="RuntimeError: boom"):
             pk.sum(buf)
@@ -254,7 +255,7 @@ def test_a_wait_times_out_and_the_answer_comes_later(cpu, monkeypatch):
 
 
 def test_a_dead_loop_is_reported_not_waited_for(cpu, monkeypatch):
-    monkeypatch.setattr(persistent._CpuLoop, "__call__", lambda self, ring, capacity: None)
+    monkeypatch.setattr(ring.CpuLoop, "__call__", lambda self, ring, capacity: None)
     pk = cpu.persistent()
     ticket = pk.submit("echo", 1, 2)
     start = time.monotonic()
@@ -306,7 +307,7 @@ def test_two_kernels_on_one_device(dev):
 @pytest.mark.gpu
 def test_cuda_hazards_are_refused_or_deferred():
     dev = open_device("cuda")
-    backend = dev._backend
+    backend = dev.backend_device
     before = dev.alloc(1 << 10, "float32")
     with dev.persistent() as pk:
         with pytest.raises(gw.InvalidArgument, match="compile"):

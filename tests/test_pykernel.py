@@ -1,4 +1,4 @@
-"""Tests of pykernel.py: ``@gw.kernel`` functions checked against NumPy on every backend, refusals, sources, traces.
+"""Tests of pykernel/: ``@gw.kernel`` functions checked against NumPy on every backend, refusals, sources, traces.
 
 The same kernel objects run on cpu (NumPy), opencl (PoCL), webgpu (lavapipe) and cuda (marked gpu); WebGPU has no
 f64 or i64, so those cases skip there.
@@ -471,6 +471,38 @@ REFUSED = {
     "wrong dimensions": (["y[i, 0] = 1.0  # <-"], "is 1-D"),
     "float index": (["y[i * 0.5] = 1.0  # <-"], "an index must be an integer"),
     "with": (["with open('x'):  # <-", "    pass"], "with blocks"),
+    # cooperative kernels: barriers every thread of a block must reach, shared arrays, block indices
+    "barrier under an if on the index": (["if i < n:", "    gw.barrier()  # <-"], "under the if at line"),
+    "barrier in an else": (["if i < n:", "    y[i] = 1.0", "else:", "    gw.barrier()  # <-"], "depends on the thread"),
+    "barrier under an if on local_id": (["if gw.local_id(0) == 0:", "    gw.barrier()  # <-"], "depends on the thread"),
+    "barrier under an if on array data": (["if y[0] > 0.0:", "    gw.barrier()  # <-"], "depends on the thread"),
+    "barrier under a local from the index": (
+        ["t = i * 2", "if t > 4:", "    gw.barrier()  # <-"],
+        "depends on the thread",
+    ),
+    "barrier under a local set in a branch": (
+        ["t = 0", "if i > 2:", "    t = 1", "if t > 0:", "    gw.barrier()  # <-"],
+        "depends on the thread",
+    ),
+    "barrier in a per-thread loop": (["for k in range(i):", "    gw.barrier()  # <-"], "in the loop at line"),
+    "barrier after a divergent return": (["if i >= n:", "    return", "gw.barrier()  # <-"], "after a return"),
+    "barrier in a loop with a divergent return": (
+        ["for k in range(n):", "    gw.barrier()  # <-", "    if y[i] > 0.0:", "        return"],
+        "in a loop with a return",
+    ),
+    "barrier with arguments": (["gw.barrier(1)  # <-"], "takes no arguments"),
+    "barrier as a value": (["t = gw.barrier()  # <-"], "a statement on its own line"),
+    "shared inside an if": (["if n > 0:", "    s = gw.shared(64, gw.f32)  # <-"], "at the top level"),
+    "shared of a variable size": (["s = gw.shared(n, gw.f32)  # <-"], "positive constant ints"),
+    "shared in three dimensions": (["s = gw.shared((2, 2, 2), gw.f32)  # <-"], "1 or 2 dimensions"),
+    "shared of an unknown type": (["s = gw.shared(64, 'complex64')  # <-"], "a shared array's type"),
+    "shared assigned": (["s = gw.shared(64, gw.f32)", "s = 1.0  # <-"], "is declared once"),
+    "shared declared twice": (["s = gw.shared(64, gw.f32)", "s = gw.shared(8, gw.f32)  # <-"], "already"),
+    "shared inside an expression": (["t = gw.shared(64, gw.f32) + 1  # <-"], "on its own line"),
+    "shared without an index": (["s = gw.shared(64, gw.f32)", "t = s[0] + s  # <-"], "must be indexed"),
+    "shared neighbour read": (["s = gw.shared(64, gw.f32)", "y[i] = s.at(1)  # <-"], "not shared arrays"),
+    "axis 1 in a 1-D kernel": (["t = gw.local_id(1)  # <-"], "the axis is 0"),
+    "axis not a constant": (["t = gw.group_id(n)  # <-"], "the axis is 0"),
 }
 
 

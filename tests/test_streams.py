@@ -253,12 +253,12 @@ def test_closing_a_group_finishes_its_work_and_releases_its_streams(device, grou
         first = g.streams[0]
         buf.copy_from_host_async(data, first)
         buf.copy_to_host_async(out, first)
-        labels_before = set(device._stream_labels().values())
+        labels_before = set(device.stream_labels().values())
         g.close()
         assert np.array_equal(out, data)  # close waited for the work
     assert g.closed and all(s.closed for s in g.streams)
     assert {"g-0", "g-1", "g-2"} <= labels_before
-    assert not {"g-0", "g-1", "g-2"} & set(device._stream_labels().values())
+    assert not {"g-0", "g-1", "g-2"} & set(device.stream_labels().values())
     use = {"pool": lambda: g.next(), "set": lambda: g.get(0)}[group]
     with pytest.raises(gw.InvalidArgument, match="'g' is closed"):
         use()

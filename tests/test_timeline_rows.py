@@ -35,7 +35,7 @@ from gpuworkbench.viz import (  # noqa: E402
 from gpuworkbench.viz.aggregate import aggregate, levels  # noqa: E402
 from gpuworkbench.viz.memory import byte_tick_labels  # noqa: E402
 from gpuworkbench.viz.palette import STYLES  # noqa: E402
-from gpuworkbench.viz.timeline import ALL_STYLES, ENQUEUE, cell_columns, host_waits, launch_links  # noqa: E402
+from gpuworkbench.viz.timeline_data import ALL_STYLES, ENQUEUE, cell_columns, host_waits, launch_links  # noqa: E402
 
 US = 1_000
 

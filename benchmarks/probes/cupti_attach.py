@@ -53,12 +53,12 @@ def main() -> None:
     t.wait_pending()
 
     _timed(cupti, "activity_enable")
-    _timed(source_mod._RawCupti, "register", "register buffer callbacks")
-    _timed(source_mod, "_subscribe_detach", "subscribe (detach)")
+    _timed(source_mod.binding.RawCupti, "register", "register buffer callbacks")
+    _timed(source_mod.LIFECYCLE, "_subscribe_detach", "subscribe (detach)")
     _timed(source_mod.CuptiSource, "_filter_api", "API filter")
     _timed(source_mod.CuptiSource, "_enable", "enable (all of it)")
     _timed(source_mod.CuptiSource, "start", "CuptiSource.start")
-    _timed(source_mod, "_await_rate", "await tick rate")
+    _timed(source_mod.LIFECYCLE.clock, "await_rate", "await tick rate")
     first: list[list[float]] = []
     total: list[float] = []
     finalize: list[float] = []

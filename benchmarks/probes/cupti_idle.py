@@ -34,7 +34,7 @@ def child(mode: str) -> None:
     loop(500)
     for step in mode.split("+"):
         if step == "attach":
-            source_mod._raw_cupti(cupti).register()
+            source_mod.LIFECYCLE.raw_for(cupti).register()
         elif step.startswith("en:"):
             kind = cupti.ActivityKind[step[3:]]
             cupti.activity_enable(kind)
@@ -65,7 +65,7 @@ def child(mode: str) -> None:
             source_mod.settle(5)
             assert source_mod.state().startswith("ready"), source_mod.state()
         elif step == "filter":
-            source = source_mod.CuptiSource()
+            source = source_mod.new_source()
             source._cupti = cupti
             source._filter_api(True)
     print(json.dumps({"us": statistics.median(loop() for _ in range(9)), "detached": source_mod.detached()}))

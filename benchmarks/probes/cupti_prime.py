@@ -1,4 +1,4 @@
-"""What priming CUPTI as a source parks (``trace/cupti_prime.py``) saves the next op (needs a CUDA GPU, CuPy and
+"""What priming CUPTI as a source parks (``trace/cupti/prime.py``) saves the next op (needs a CUDA GPU, CuPy and
 cupti-python).
 
     python benchmarks/probes/cupti_prime.py [--rounds 12] [--watch]

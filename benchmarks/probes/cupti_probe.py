@@ -58,12 +58,12 @@ class CallbackTimer:
 
     def __init__(self, src: CuptiSource, keep_bytes: int = 256 << 20) -> None:
         self.entries: list[tuple[int, int, int, str]] = []  # (entry ns, ns in callback, bytes, thread name)
-        self.decodes: list[tuple[int, int]] = []  # (ns in _decode, span records out)
+        self.decodes: list[tuple[int, int]] = []  # (ns in decode, span records out)
         self.buffers: list[bytes] = []  # copies of what CUPTI handed back, for the walk check (up to keep_bytes)
         self._keep = keep_bytes
-        self._orig, self._orig_decode = src._ingest, src._decode
-        src._ingest = self  # type: ignore[method-assign]
-        src._decode = self._decode  # type: ignore[method-assign]
+        self._orig, self._orig_decode = src.ingest, src.decoder.decode
+        src.ingest = self  # type: ignore[method-assign]
+        src.decoder.decode = self._decode  # type: ignore[method-assign]
 
     def __call__(self, data: Any) -> None:
         t0 = time.perf_counter_ns()
@@ -73,9 +73,9 @@ class CallbackTimer:
             self._keep -= len(data)
             self.buffers.append(bytes(data))  # a copy: CUPTI reuses the buffer once the callback returns
 
-    def _decode(self, blob: bytearray, ends: list[int], *args: Any, **kwargs: Any) -> Any:
+    def _decode(self, raw: Any, blob: bytearray, ends: list[int], *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter_ns()
-        out = self._orig_decode(blob, ends, *args, **kwargs)
+        out = self._orig_decode(raw, blob, ends, *args, **kwargs)
         self.decodes.append((time.perf_counter_ns() - t0, 0 if out[0] is None else out[0]["start"].size))
         return out
 
@@ -96,7 +96,7 @@ def layout_report(src: CuptiSource) -> None:
     """cupti-python's record dtypes, the sizes CUPTI's own walk showed, and what we read where."""
     from cupti import cupti
 
-    raw = cupti_mod._RAW
+    raw = cupti_mod.LIFECYCLE.raw
     for name in (
         "activity_kernel10_dtype",
         "activity_memcpy6_dtype",
@@ -110,10 +110,10 @@ def layout_report(src: CuptiSource) -> None:
             continue
         fields = sorted((off, f, sub.str) for f, (sub, off, *_) in (dt.fields or {}).items())
         print(f"  {name}: itemsize {dt.itemsize}; " + ", ".join(f"{f}@{off}:{t}" for off, f, t in fields))
-    print(f"  fields read: {src._fields}")
+    print(f"  fields read: {src.decoder.tables.fields}")
     print(f"  layout notes: {src.layout_notes or 'none (cupti-python dtypes agree with cupti.h offsets)'}")
     if raw is not None:
-        learned = {k: v * 4 for k, v in enumerate(raw.size_words) if v != cupti_mod._UNVERIFIED}
+        learned = {k: v * 4 for k, v in enumerate(raw.size_words) if v != cupti_mod.walk.UNVERIFIED}
         kinds = {int(k): k.name for k in cupti.ActivityKind}
         print(
             f"  libcupti {raw.path}; sizes verified by cuptiActivityGetNextRecord "
@@ -125,7 +125,7 @@ def layout_report(src: CuptiSource) -> None:
 
 def walk_check(diag: CallbackTimer) -> None:
     """Every kept buffer walked by our learned sizes and by cuptiActivityGetNextRecord: offsets must be equal."""
-    raw = cupti_mod._RAW
+    raw = cupti_mod.LIFECYCLE.raw
     assert raw is not None
     bad = records = 0
     for data in diag.buffers:
@@ -141,7 +141,7 @@ def walk_check(diag: CallbackTimer) -> None:
 
 def launch_study(src: CuptiSource, diag: CallbackTimer, empty: Any, stream: Any, n: int, poll_s: float) -> None:
     """Launch cost per empty kernel with nobody flushing and with each way of flushing, and where the stalls are."""
-    raw = cupti_mod._RAW
+    raw = cupti_mod.LIFECYCLE.raw
     assert raw is not None
     plain_flush_all = raw.flush_all
     flush_all_times: list[int] = []
@@ -202,7 +202,7 @@ def launch_study(src: CuptiSource, diag: CallbackTimer, empty: Any, stream: Any,
             f"max {dec.max():.0f} us"
         )
     raw.flush_all = plain_flush_all
-    for _ in range(cupti_mod.HOLD_FLUSHES + 1):  # held records too: the checks after this count what is left
+    for _ in range(cupti_mod.source.HOLD_FLUSHES + 1):  # held records too: the checks after this count what is left
         src.flush()
 
 
@@ -227,10 +227,11 @@ def main() -> int:
     ok, why = CuptiSource.available()
     print(f"available: {ok} ({why})")
     if args.no_carriers:
-        cupti_mod.API_CARRIER_KINDS = ()
+        cupti_mod.kinds.API_CARRIER_KINDS = ()
     if args.no_api_filter:
-        cupti_mod.API_FILTER = False
-    print(f"config: carriers {cupti_mod.API_CARRIER_KINDS}, api filter {cupti_mod.API_FILTER}, poll {args.poll_ms} ms")
+        cupti_mod.kinds.API_FILTER = False
+    kinds = cupti_mod.kinds
+    print(f"config: carriers {kinds.API_CARRIER_KINDS}, api filter {kinds.API_FILTER}, poll {args.poll_ms} ms")
 
     import cupy as cp
 
@@ -273,7 +274,7 @@ def main() -> int:
         s1.synchronize()
         return t
 
-    src = CuptiSource()
+    src = cupti_mod.new_source()
     base_launch = launch_cost_us(False)
 
     try:
@@ -284,7 +285,7 @@ def main() -> int:
     print(f"started; api_filtered={src.api_filtered}")
     diag = CallbackTimer(src)
     try:
-        CuptiSource().start()
+        cupti_mod.new_source().start()
         print("second start: NOT refused (unexpected)")
     except CuptiUnavailable as exc:
         print(f"second start refused as designed: {exc}")
@@ -303,7 +304,7 @@ def main() -> int:
     t0 = time.perf_counter_ns()
     warm = src.flush()
     warm_us = (time.perf_counter_ns() - t0) / 1e3
-    raw = cupti_mod._RAW
+    raw = cupti_mod.LIFECYCLE.raw
     print(
         f"warm-up flush: {len(warm)} records ({sum(r['external_id'] >= 900_000 for r in warm)}/10 tagged joined) in "
         f"{warm_us:.1f} us; buffers walked by cuptiActivityGetNextRecord so far: "
@@ -411,7 +412,7 @@ def main() -> int:
     more = src.flush()
     one_flush_us = (time.perf_counter_ns() - t0) / 1e3
     records += more
-    for _ in range(cupti_mod.HOLD_FLUSHES):  # records held for their external id come out now, not in the study
+    for _ in range(cupti_mod.source.HOLD_FLUSHES):  # records held for their external id come out now, not in the study
         records += src.flush()
     if args.study:
         launch_study(src, diag, empty, s1, args.study, args.poll_ms / 1e3)

@@ -40,6 +40,8 @@ def main() -> None:
 
     from gpuworkbench.trace import cupti as source_mod
 
+    life = source_mod.LIFECYCLE
+
     gw, _dev, pipe, inputs, outputs = pipeline_setup()
     launches = empty_launches()
     source_mod.WATCH_UNTRACED = False  # a parked source stays parked through the untraced runs measured here
@@ -49,18 +51,18 @@ def main() -> None:
         if name == "detached":
             return
         if name.startswith("reattached"):
-            source_mod._raw_cupti(cupti).register()
-            source_mod._ATTACHED = True  # so that the next state's let_go finalizes it
+            life.raw_for(cupti).register()
+            life.attached = True  # so that the next state's let_go finalizes it
             if name == "reattached":
-                source_mod._filter_api(cupti, True)
+                life.api_filter.apply(cupti, True)
             return
-        source = source_mod.CuptiSource()
+        source = source_mod.new_source()
         source.start()
         source.stop()  # parks: every kind stays on
         if name == "all":
             return
-        with source_mod._STATE_LOCK:
-            source_mod._unpark()  # attached, every kind off
+        with life.lock:
+            life.unpark()  # attached, every kind off
         for kind in KINDS.get(name, ()):
             cupti.activity_enable(cupti.ActivityKind[kind])
 

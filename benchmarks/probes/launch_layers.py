@@ -59,14 +59,14 @@ def profile(title: str, fn: Callable[[], object], sync: Callable[[], object]) ->
 
 def main() -> None:
     dev = gw.Device("cuda:0")
-    backend = dev._backend
+    backend = dev.backend_device
     s = dev.create_stream("layers")
     raw_stream = cp.cuda.Stream(non_blocking=True)
     raw = cp.RawKernel(EMPTY, "empty")
     arr = cp.empty(1, cp.float32)
     k = dev.compile(EMPTY, "empty")
     b = dev.alloc(1, "float32")
-    ptr = np.uint64(b._handle)
+    ptr = np.uint64(b.handle)
     values = (ptr,)
     bk, bs = k._raw, s._raw
     func = raw.kernel
@@ -100,7 +100,7 @@ def main() -> None:
     cp_pinned = cupyx.empty_pinned((n,), np.float32)
     buf = dev.alloc(n, "float32")
     pinned = dev.empty_pinned(n, "float32")
-    h, hp = buf._handle, pinned.ctypes.data
+    h, hp = buf.handle, pinned.ctypes.data
     rt = cp.cuda.runtime
     copies = {
         "cupy set (baseline)": lambda: cp_dev.set(cp_pinned, stream=raw_stream),

@@ -152,7 +152,7 @@ def gpuworkbench_probe(cp) -> dict:
     Each step's end time is kept, so that a wait shows where it happened; after 8 s the kernel is released.
     """
     import gpuworkbench as gw
-    from gpuworkbench import persistent
+    from gpuworkbench.persistent import ring
 
     dev = gw.Device("cuda:0")
     found: dict = {}
@@ -202,7 +202,7 @@ def gpuworkbench_probe(cp) -> dict:
         threading.Thread(target=run, daemon=True).start()
         returned = done.wait(8)
         if not returned and "pk" in holder:
-            persistent._I64.pack_into(holder["pk"]._mv, persistent._STOP, 1)  # release the kernel
+            ring.I64.pack_into(holder["pk"]._mv, ring.STOP, 1)  # release the kernel
             done.wait(20)
         if "pk" in holder:
             holder.pop("pk").stop()

@@ -27,7 +27,8 @@ from bench_any_cuda import pipeline_setup, timed_run  # noqa: E402
 
 from gpuworkbench.buffer import Buffer  # noqa: E402
 from gpuworkbench.trace import cupti as cupti_source  # noqa: E402
-from gpuworkbench.trace import cupti_foreign, harvest_threads, recorder  # noqa: E402
+from gpuworkbench.trace import harvest_threads, recorder  # noqa: E402
+from gpuworkbench.trace.cupti import foreign as cupti_foreign  # noqa: E402
 
 STEPS: dict[str, int] = {}  # label -> ns of this round (first call only)
 MARKS: dict[str, int] = {}  # label -> perf_counter_ns when it happened (first time this round)
@@ -76,11 +77,11 @@ def main() -> None:
     _wrap(Buffer, "copy_from_host_async", "first H2D")
     _wrap(recorder.Trace, "stop", "Trace.stop")
     _wrap(cupti_source.CuptiSource, "_enable", "CuptiSource._enable (from ready)")
-    _wrap(cupti_source, "_subscribe_detach", "_subscribe_detach (from ready)")
+    _wrap(cupti_source.LIFECYCLE, "_subscribe_detach", "_subscribe_detach (from ready)")
     from cupti import cupti
 
     _wrap(cupti, "activity_enable", "activity_enable, all kinds (from ready)", first_only=False)
-    linger = cupti_source._LINGER
+    linger = cupti_source.LIFECYCLE.linger_timer
     _wrap(linger, "_fn", "linger thread's call")
 
     def cell_before() -> None:

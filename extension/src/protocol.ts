@@ -1,6 +1,6 @@
 /**
- * The messages the kernel (gpuworkbench/comm.py) and the panel exchange over the `gpuworkbench` comm, and their
- * checks: anything from the kernel that does not match is dropped with a console warning, never thrown.
+ * The messages the kernel (gpuworkbench/notebook/comm.py) and the panel exchange over the `gpuworkbench` comm, and
+ * their checks: anything from the kernel that does not match is dropped with a console warning, never thrown.
  */
 import { JSONObject } from '@lumino/coreutils';
 

@@ -1,4 +1,5 @@
-"""Backend registry: one module per backend, found by name, probed in the order cuda → rocm → opencl → webgpu → cpu."""
+"""Backend registry: one module (or package) per backend, found by name, probed in the order cuda → rocm → opencl →
+webgpu → cpu."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from functools import cache
 from ..errors import BackendUnavailable, InvalidArgument
 from .base import Backend
 
-#: Probe order for auto-selection, and the module + class that implements each backend.
+#: Probe order for auto-selection, and the module (or package) + class that implements each backend.
 PROBE_ORDER: tuple[str, ...] = ("cuda", "rocm", "opencl", "webgpu", "cpu")
 _MODULES: dict[str, tuple[str, str]] = {
     "cuda": ("cuda", "CudaBackend"),

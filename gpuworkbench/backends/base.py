@@ -11,22 +11,27 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
+from ..errors import InvalidArgument
 
-@dataclass(frozen=True)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Caps:
-    """What a backend can do; the front end raises a clear error (or emulates, saying so) where it cannot."""
+    """What a backend can do; the front end raises a clear error (or emulates, saying so) where it cannot.
+    A backend names what it has beyond the defaults, which are what a backend without the feature gets."""
 
     concurrent_streams: bool  # independent streams really run at the same time
-    pinned_memory: bool  # page-locked host arrays exist and make async copies truly asynchronous
-    memory_free_known: bool  # memory_info()'s free figure is the device's own (else: total minus our allocations)
-    graphs: str  # "native" (captured by the driver), "recorded" (replayed by us), or "none"
+    pinned_memory: bool = False  # page-locked host arrays exist and make async copies truly asynchronous
+    memory_free_known: bool = False  # memory_info()'s free figure is the device's own (else: total minus ours)
+    graphs: str = "recorded"  # "native" (captured by the driver), "recorded" (graphs.py replays the calls), "none"
     timestamps: str  # where span times come from: "events", "profiling", "timestamp-query", "perf_counter"
     kernel_language: str  # what Device.compile takes: "cuda", "opencl", "wgsl" or "python"
-    device_pointers: bool  # buffers expose __cuda_array_interface__
+    device_pointers: bool = False  # buffers expose __cuda_array_interface__
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,9 @@ class KernelLimits(NamedTuple):
     dims: tuple[int, int, int]
     shared_bytes: int
 
+
+#: A kernel launch's grid or block: 1 to 3 sizes, x first.
+Dims = tuple[int, ...]
 
 #: What every CUDA GPU offers (static shared memory: 48 KiB); the CPU backend keeps to it so that kernels written and
 #: tried there also run on GPUs.
@@ -120,11 +128,11 @@ class StreamMarks:
     later (never earlier) when asked after more work was enqueued. Most ops are never asked about, so most launches
     record nothing. ``record`` enqueues an eager marker on the stream and returns its completion."""
 
-    __slots__ = ("_record", "_numbers", "issued", "mark", "mark_upto", "frozen", "closed", "lock")
+    __slots__ = ("_record", "numbers", "issued", "mark", "mark_upto", "frozen", "closed", "lock")
 
     def __init__(self, record: Callable[[], Completion]) -> None:
         self._record = record
-        self._numbers = itertools.count(1)
+        self.numbers = itertools.count(1)  # ops' numbers, in order: next() takes one (CUDA's launch path does, inline)
         self.issued = 0  # a number some enqueued op took; every smaller number was taken (so enqueued) before it
         self.mark: Completion | None = None
         self.mark_upto = 0  # the marker covers every op numbered up to this
@@ -134,7 +142,7 @@ class StreamMarks:
 
     def enqueued(self) -> LazyCompletion:
         """Call after enqueuing an op on the stream: its completion, a marker recorded only when asked for."""
-        number = next(self._numbers)
+        number = next(self.numbers)
         self.issued = number
         return LazyCompletion(self, number)
 
@@ -186,13 +194,13 @@ class LazyCompletion:
 
 
 class PinnedArray(np.ndarray):
-    """A NumPy array over page-locked host memory; ``_pinned_owner`` keeps the backend's allocation alive."""
+    """A NumPy array over page-locked host memory; ``pinned_owner`` keeps the backend's allocation alive."""
 
-    _pinned_owner: Any = None
+    pinned_owner: Any = None
     _address = 0  # its data pointer once asked (``host_address``); a view starts again at 0
 
     def __array_finalize__(self, obj: Any) -> None:
-        self._pinned_owner = getattr(obj, "_pinned_owner", None)
+        self.pinned_owner = getattr(obj, "pinned_owner", None)
 
 
 def host_address(array: np.ndarray) -> int:
@@ -209,7 +217,7 @@ def host_address(array: np.ndarray) -> int:
 def wrap_pinned(raw: np.ndarray, owner: Any) -> PinnedArray:
     """View ``raw`` as a PinnedArray holding ``owner`` (the allocation) alive for as long as any view lives."""
     arr = raw.view(PinnedArray)
-    arr._pinned_owner = owner
+    arr.pinned_owner = owner
     return arr
 
 
@@ -282,12 +290,10 @@ class BackendDevice(ABC):
         """Build kernel ``name`` from ``source``; raise CompileError with the compiler's log."""
 
     @abstractmethod
-    def launch(
-        self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: Any, timed: bool
-    ) -> Completion:
+    def launch(self, kernel: Any, grid: Dims, block: Dims, args: Sequence[Any], stream: Any, timed: bool) -> Completion:
         """Enqueue a kernel; ``args`` holds BufferArg (or what ``kernel_arg`` made of one) and NumPy scalars."""
 
-    def prepare_launch(self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any]) -> Any:
+    def prepare_launch(self, kernel: Any, grid: Dims, block: Dims, args: Sequence[Any]) -> Any:
         """A launch checked and converted once, which ``launch_prepared`` enqueues untimed as often as asked: the
         front end repeats launches through it. Here, the arguments of ``launch`` as they are."""
         return (kernel, grid, block, args)
@@ -370,3 +376,11 @@ class Backend(ABC):
     @abstractmethod
     def open(self, index: int) -> BackendDevice:
         """Open device ``index``."""
+
+
+def pick_device(found: Sequence[T], index: int, owner: str, noun: str = "devices") -> T:
+    """Entry ``index`` of what a backend lists for ``open``; InvalidArgument when there is none, worded
+    "{owner} has {len(found)} {noun}; index {index} does not exist"."""
+    if not 0 <= index < len(found):
+        raise InvalidArgument(f"{owner} has {len(found)} {noun}; index {index} does not exist")
+    return found[index]

@@ -19,17 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import CompileError, InvalidArgument, OutOfMemory
-from .base import Backend, BackendDevice, BufferArg, Caps, ClockSample, DeviceInfo
+from .base import Backend, BackendDevice, BufferArg, Caps, ClockSample, DeviceInfo, Dims
 
-CAPS = Caps(
-    concurrent_streams=True,
-    pinned_memory=False,
-    memory_free_known=True,
-    graphs="recorded",  # graphs.py records the calls and re-issues them
-    timestamps="perf_counter",
-    kernel_language="python",
-    device_pointers=False,
-)
+CAPS = Caps(concurrent_streams=True, memory_free_known=True, timestamps="perf_counter", kernel_language="python")
 
 
 def _ram_bytes() -> int:
@@ -225,13 +217,7 @@ class CpuDevice(BackendDevice):
         return arg.handle[: arg.length * arg.dtype.itemsize].view(arg.dtype)
 
     def launch(
-        self,
-        kernel: _PythonKernel,
-        grid: tuple[int, ...],
-        block: tuple[int, ...],
-        args: Sequence[Any],
-        stream: _Worker,
-        timed: bool,
+        self, kernel: _PythonKernel, grid: Dims, block: Dims, args: Sequence[Any], stream: _Worker, timed: bool
     ) -> _Op:
         values = [self.kernel_arg(a) if type(a) is BufferArg else a for a in args]
         if kernel.wants_grid or kernel.wants_block:

@@ -24,20 +24,14 @@ from .base import (
     Caps,
     ClockSample,
     DeviceInfo,
+    Dims,
     KernelLimits,
     PinnedArray,
+    pick_device,
     wrap_pinned,
 )
 
-CAPS = Caps(
-    concurrent_streams=True,
-    pinned_memory=True,
-    memory_free_known=False,
-    graphs="recorded",  # graphs.py records the calls and re-issues them
-    timestamps="profiling",
-    kernel_language="opencl",
-    device_pointers=False,
-)
+CAPS = Caps(concurrent_streams=True, pinned_memory=True, timestamps="profiling", kernel_language="opencl")
 
 
 def _cl() -> Any:
@@ -164,8 +158,8 @@ class OpenCLDevice(BackendDevice):
     def is_pinned(self, array: np.ndarray) -> bool:
         node: Any = array
         while isinstance(node, np.ndarray):
-            if isinstance(node, PinnedArray) and node._pinned_owner is not None:
-                return node._pinned_owner[0] is self._ctx
+            if isinstance(node, PinnedArray) and node.pinned_owner is not None:
+                return node.pinned_owner[0] is self._ctx
             node = node.base
         if not array.nbytes or not array.flags.c_contiguous:
             return False
@@ -291,13 +285,7 @@ class OpenCLDevice(BackendDevice):
         return (kernel, threading.Lock())
 
     def launch(
-        self,
-        kernel: Any,
-        grid: tuple[int, ...],
-        block: tuple[int, ...],
-        args: Sequence[Any],
-        stream: _Queue,
-        timed: bool,
+        self, kernel: Any, grid: Dims, block: Dims, args: Sequence[Any], stream: _Queue, timed: bool
     ) -> _ClCompletion:
         cl = _cl()
         knl, lock = kernel
@@ -397,8 +385,4 @@ class OpenCLBackend(Backend):
         return [info for info, _ in self._list()]
 
     def open(self, index: int) -> OpenCLDevice:
-        found = self._list()
-        if not 0 <= index < len(found):
-            raise InvalidArgument(f"OpenCL has {len(found)} devices; index {index} does not exist")
-        info, dev = found[index]
-        return OpenCLDevice(info, dev)
+        return OpenCLDevice(*pick_device(self._list(), index, "OpenCL"))

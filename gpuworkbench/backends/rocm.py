@@ -15,6 +15,4 @@ class RocmBackend(CudaBackend):
 
     name = "rocm"
     caps = CAPS
-
-    def _wants_hip(self) -> bool:
-        return True
+    hip = True

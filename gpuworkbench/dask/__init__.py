@@ -17,7 +17,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("gpuworkbench.dask needs Dask's distributed: pip install 'gpuworkbench[dask]'") from exc
 
 from ._plugin import TracePlugin
-from ._summary import ClusterSummary
 from ._trace import ClusterTrace, live, trace
+from .summary import ClusterSummary
 
 __all__ = ["ClusterSummary", "ClusterTrace", "TracePlugin", "live", "trace"]

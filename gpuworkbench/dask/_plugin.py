@@ -32,7 +32,7 @@ CLOCK_HANDLER = "gpuworkbench_clock"
 _ACTIONS = {"compute": 0, "transfer": 1}
 
 
-def _sample(clock: Any) -> int:
+def clock_minus_monotonic(clock: Any) -> int:
     """``clock() - time.monotonic_ns()`` read back to back, from the tightest of three brackets."""
     best = None
     for _ in range(3):
@@ -130,15 +130,15 @@ class TracePlugin(WorkerPlugin):
         tasks = self.tasks[cursor[1] :]
         task_cursor = cursor[1] + len(tasks)
         shift = self.shift_ns
-        perf = _sample(time.perf_counter_ns) - shift  # perf - aligned
-        wall = _sample(time.time_ns) - shift  # wall - aligned
+        perf = clock_minus_monotonic(time.perf_counter_ns) - shift  # perf - aligned
+        wall = clock_minus_monotonic(time.time_ns) - shift  # wall - aligned
         names, codes = np.unique(np.asarray(spans["name"], dtype=object).astype(str), return_inverse=True)
         columns = {c: v for c, v in spans.items() if c != "name"}
         for column in ("start_ns", "end_ns"):
             columns[column] = columns[column] - perf
         known = columns["enqueue_ns"] >= 0
         columns["enqueue_ns"] = np.where(known, columns["enqueue_ns"] - perf, -1)
-        threads = dict(getattr(trace, "_threads", {}))  # thread ident (32 bits) -> the trace's host row index
+        threads = trace.host_threads  # thread ident (32 bits) -> the trace's host row index
         idents = {int(t[4]) & 0xFFFFFFFF for t in tasks} | set(threads)
         named = {(t.ident or 0) & 0xFFFFFFFF: t.name for t in threading.enumerate()}
         out: dict[str, Any] = {
@@ -177,17 +177,18 @@ class TracePlugin(WorkerPlugin):
 def _note_others(trace: Trace) -> None:
     """Say so in the worker's warnings when ``others`` was asked for but no other library's work could be seen: CUPTI
     starts with the trace only if a CUDA library was loaded by then (else at the workbench's own first CUDA op)."""
-    if not trace.others or trace._taken:  # a CUPTI handed to another client says so itself
+    cupti = trace.cupti_info
+    if not trace.others or cupti["taken"]:  # a CUPTI handed to another client says so itself
         return
-    if not trace._cupti_tried:
-        trace._warn_once(
+    if not cupti["tried"]:
+        trace.warn_once(
             "others=True, but no CUDA library (cupy, torch, cuda.core ...) was loaded in this worker when its trace "
             "started and it opened no workbench CUDA device: other libraries' CUDA work was not recorded (import the "
             "library in every worker first, e.g. client.run(importlib.import_module, 'cupy'))"
         )
-    elif trace._cupti is None:
-        reason = trace._cupti_reason or "unknown reason"
-        trace._warn_once(
+    elif not cupti["running"]:
+        reason = cupti["reason"] or "unknown reason"
+        trace.warn_once(
             f"others=True, but CUPTI did not start in this worker ({reason}): other libraries' CUDA work "
             "was not recorded"
         )

@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from ..trace.analysis import TASK_COLUMNS
+from ..trace.columns import Columns, DeviceClock
 from ..trace.export import HOST_PID, chrome_trace
-from ..trace.recorder import DeviceClock, Trace
+from ..trace.recorder import Trace
 from ..trace.spans import COLUMNS, KIND_CODE, MEMORY_COLUMNS, thread_stream
-from ._plugin import CLOCK_HANDLER, TracePlugin, _sample, collect
-from ._summary import ClusterSummary, summarize_cluster
+from ._plugin import CLOCK_HANDLER, TracePlugin, clock_minus_monotonic, collect
+from .summary import TASK_COLUMNS, ClusterSummary, summarize_cluster
 
 _RANGE = KIND_CODE["range"]
 
@@ -53,7 +53,7 @@ class ClusterTrace(Trace):
     While recording, every worker (and each that joins) records its own trace through a ``WorkerPlugin``; on exit
     the spans are gathered and merged onto the client's clock. ``t.workers`` lists each worker (address, host, pid,
     offset_ns = its clock minus the client's, error_ns = half the best round trip, devices); ``t.tasks`` holds its
-    tasks (``analysis.TASK_COLUMNS``); ``t.gather_s`` how long the gathering took; a worker lost mid-trace is named
+    tasks (``summary.TASK_COLUMNS``); ``t.gather_s`` how long the gathering took; a worker lost mid-trace is named
     in ``t.stats.warnings``. ``live=True`` gathers every ``interval_s`` while recording (what ``gw.live(client=...)``
     follows). ``others`` is every worker's ``Trace(others=...)``: other libraries' CUDA work (CuPy, PyTorch ...) too,
     or not; None leaves each worker its default (on unless its ``GPUWB_TRACE_OTHERS=0``). Given as True, a worker
@@ -107,7 +107,7 @@ class ClusterTrace(Trace):
         """Register the worker plugin (a trace starts in every worker) and measure each worker's clock offset."""
         if self._recording:
             return self
-        self._perf_minus_mono = _sample(time.perf_counter_ns)
+        self._perf_minus_mono = clock_minus_monotonic(time.perf_counter_ns)
         self.started_ns = time.perf_counter_ns()
         self._wall_start = time.time()
         plugin = TracePlugin(self.plugin_name, self._shift, self.capacity, self.worker_others)
@@ -142,7 +142,7 @@ class ClusterTrace(Trace):
         try:
             self.client.unregister_worker_plugin(self.plugin_name)
         except Exception as exc:  # noqa: BLE001 - a worker gone meanwhile must not lose the trace
-            self._warn_once(f"removing the worker plugin failed: {exc!r}")
+            self.warn_once(f"removing the worker plugin failed: {exc!r}")
         self._name_lost(answered)
         self._rebuild()
         self.gather_s = time.perf_counter() - began
@@ -189,7 +189,7 @@ class ClusterTrace(Trace):
             answered = set()
             for address, block in results.items():
                 if isinstance(block, BaseException):
-                    self._warn_once(f"worker {address}: gathering its trace failed: {block!r}")
+                    self.warn_once(f"worker {address}: gathering its trace failed: {block!r}")
                     continue
                 if block is None:
                     continue
@@ -216,7 +216,7 @@ class ClusterTrace(Trace):
             try:
                 self._gather(stop=False)
             except Exception as exc:  # noqa: BLE001 - live updates must not end the trace
-                self._warn_once(f"live gathering failed: {exc!r}")
+                self.warn_once(f"live gathering failed: {exc!r}")
 
     def _name_lost(self, answered: set[str]) -> None:
         """Warn of every worker seen during the trace that did not hand over its spans at the end."""
@@ -239,7 +239,7 @@ class ClusterTrace(Trace):
             kept = (
                 "its spans up to the last live update are kept" if self._blocks.get(address) else "its spans are lost"
             )
-            self._warn_once(f"worker {address} left the cluster mid-trace ({why}): {kept}")
+            self.warn_once(f"worker {address} left the cluster mid-trace ({why}): {kept}")
             self._info[address]["lost"] = True
 
     # ------------------------------------------------------------------ merging
@@ -411,22 +411,23 @@ class ClusterTrace(Trace):
             self._host_clock(address)
         table = _concat(spans, COLUMNS)
         order = np.argsort(table["start_ns"], kind="stable")
-        table = {c: v[order] for c, v in table.items()}
-        fresh = Trace(capacity=max(len(order), self.capacity))
+        capacity = max(len(order), self.capacity)
+        merged = Columns(COLUMNS, capacity)
         if len(order):
-            fresh._spans.extend_columns(table)
+            merged.extend_columns({c: v[order] for c, v in table.items()})
         mem = _concat(memory, MEMORY_COLUMNS)
+        merged_memory = Columns(MEMORY_COLUMNS, capacity)
         if len(mem["device"]):
             order = np.argsort(mem["t_ns"], kind="stable")
-            fresh._memory.extend_columns({c: v[order] for c, v in mem.items()})
+            merged_memory.extend_columns({c: v[order] for c, v in mem.items()})
         with self._lock:
-            self._spans, self._memory = fresh._spans, fresh._memory
+            self._spans, self._memory = merged, merged_memory
             self.tasks = _concat(tasks, TASK_COLUMNS)
             self.workers = self._worker_records()
             self._event_ops = ops
             self._stats.dropped, self._stats.lost = dropped, lost
             for message in warnings:
-                self._warn_once(message)
+                self.warn_once(message)
             self._version += 1
 
     # ------------------------------------------------------------------ reading
@@ -454,15 +455,13 @@ class ClusterTrace(Trace):
         rows = np.isin(table["device"], list(renumber))
         part = {c: v[rows] for c, v in table.items()}
         part["device"] = np.array([renumber[int(d)] for d in part["device"].tolist()], np.int16)
-        out = Trace(capacity=max(len(part["kind"]), 1))
-        if len(part["kind"]):
-            out._spans.extend_columns(part)
         prefix = f"{info['address']} "
+        devices = {}
         for d, i in renumber.items():
             clock = self._devices[d]
             if d == info["host_device"] and info["devices"]:
                 continue
-            out._devices[i] = DeviceClock(
+            devices[i] = DeviceClock(
                 key=clock.key.removeprefix(prefix) if d != info["host_device"] else "host:0",
                 name=clock.name.removeprefix(prefix),
                 source=clock.source,
@@ -470,11 +469,8 @@ class ClusterTrace(Trace):
                 error_ns=clock.error_ns,
                 note=clock.note,
             )
-        for (d, s), label in self._stream_labels.items():
-            if d in renumber:
-                out._stream_labels[(renumber[d], s)] = label
-        out.started_ns, out.stopped_ns = self.started_ns, self.stopped_ns
-        return out
+        labels = {(renumber[d], s): label for (d, s), label in self._stream_labels.items() if d in renumber}
+        return Trace.finished(part, devices, labels, started_ns=self.started_ns, stopped_ns=self.stopped_ns)
 
     def to_chrome_trace(self, path: str | None = None) -> dict:
         """The merged trace as one Chrome-trace JSON (Perfetto): each worker's host rows in a process of their own

@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from gpuworkbench._format import duration_ns
 from gpuworkbench.errors import InvalidArgument
 
 from .analysis import Summary, summarize
-from .recorder import Trace
-from .statistics import SHOWN_ROWS, Section, factorize, format_ns, frame, kernel_columns
+from .recorder import Trace, pictures
+from .statistics import SHOWN_ROWS, Section, factorize, frame, kernel_columns
 
 #: Columns of ``Comparison.table``, in order.
 COLUMNS = ("section", "device", "item", "change", "count_a", "count_b", "a", "b", "delta", "ratio", "unit")
@@ -90,7 +91,7 @@ class Comparison:
         rows = [
             [str(cols["item"][i]), str(cols["change"][i])]
             + [_count(cols["count_a"][i]), _count(cols["count_b"][i])]
-            + [format_ns(cols["a"][i]), format_ns(cols["b"][i]), _value(cols["delta"][i], "ns", signed=True)]
+            + [duration_ns(cols["a"][i]), duration_ns(cols["b"][i]), _value(cols["delta"][i], "ns", signed=True)]
             + [_ratio(cols["ratio"][i])]
             + ([f"device {cols['device'][i]}"] if several else [])
             for i in changed[:SHOWN_ROWS]
@@ -116,27 +117,8 @@ class Comparison:
 
     def figure(self, width: int = 1000, row_px: int = 26) -> Any:
         """The two timelines one above the other (Bokeh ``column``) on one shared x range, each in ms from its own
-        first span; panning or zooming one moves both."""
-        from bokeh.layouts import column
-        from bokeh.models import Range1d
-
-        from ..viz.timeline import device_names, timeline_figure
-
-        figures, ends = [], []
-        for trace, table, label in zip(self.traces, self._tables, self.labels):
-            starts = np.asarray(table["start_ns"], np.int64)
-            t0 = int(starts.min()) if starts.size else 0
-            ends.append((int(np.max(table["end_ns"])) - t0) / 1e6 if starts.size else 0.0)
-            title = f"{label}: {format_ns(ends[-1] * 1e6)} from first span to last"
-            fig = timeline_figure(
-                table, device_names(trace), trace.stream_labels, t0_ns=t0, title=title, width=width, row_px=row_px
-            )
-            fig.xaxis.axis_label = "time since the trace's first span (ms)"
-            figures.append(fig)
-        shared = Range1d(start=0.0, end=max(max(ends), 1e-3) * 1.02, name="compare x range")
-        for fig in figures:
-            fig.x_range = shared
-        return column(*figures, sizing_mode="stretch_width", name="comparison")
+        first span; panning or zooming one moves both. Drawn by ``viz/compare.py``: the tracer itself draws nothing."""
+        return pictures().comparison_figure(self.traces, self._tables, self.labels, width=width, row_px=row_px)
 
 
 def _value(value: float, unit: str, signed: bool = False) -> str:
@@ -144,7 +126,7 @@ def _value(value: float, unit: str, signed: bool = False) -> str:
         return "n/a"
     sign = "+" if signed and value > 0 else ""
     if unit == "ns":
-        return sign + format_ns(value)
+        return sign + duration_ns(value)
     if unit == "%":
         return f"{sign}{value:.1f} %"
     return f"{sign}{value:.2f}"

@@ -3,34 +3,32 @@
 The front end reports each op as it is enqueued (``record_op``, or ``op_id`` / ``op_end``) with the backend's
 completion handle. A harvester thread polls those handles (a non-blocking query) and, once an op is done, turns its
 device-clock start and end into host-clock nanoseconds using one clock sample per device taken when the device first
-appears in the trace. Where CUPTI is available on CUDA, spans come from its activity records instead (see
-``trace/cupti.py`` and ``trace/cupti_ops.py``); while such a trace records and nobody reads it, the harvester leaves
-CUPTI's records alone until the first read, stopping, or a bounded backlog (``DEFER_OPS``), so that tracing takes
-as little as it can from the launches it measures; live views, which poll ``version``, get them at every harvest.
+appears in the trace. Where CUPTI is available on CUDA, spans come from its activity records instead
+(``recorder_cupti.py``); the harvest itself is ``recorder_harvest.py``. A trace listens to the core through
+``gpuworkbench.listeners``: it registers there while it records, and the core never imports it.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import sys
 import threading
 import time
-import warnings
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from . import cupti as cupti_source
-from .cupti_foreign import ForeignRecords
-from .cupti_ops import ROW, CuptiOps
-from .cupti_window import WindowClock
+from .. import listeners
+from .columns import Columns, DeviceClock, TraceStats
+from .cupti.clock import WindowClock
+from .cupti.foreign import ForeignRecords
+from .cupti.ops import ROW, CuptiOps
 from .harvest_threads import THREADS as HARVEST_THREADS
 from .harvest_threads import Run
+from .recorder_cupti import CuptiTracing, cuda_in_process
+from .recorder_harvest import WATCH_S, Harvesting
 from .spans import (
     COLUMNS,
     KIND_CODE,
@@ -41,192 +39,18 @@ from .spans import (
     parse_peer_copy,
     spans_of,
     table_from_records,
-    thread_stream,
 )
 
-#: Traces currently recording. The front end checks this list's truthiness before doing any tracing work.
-ACTIVE: list[Trace] = []
-_ACTIVE_LOCK = threading.Lock()
 _IDS = itertools.count(1)
-#: The trace whose CUPTI source is started (CUPTI serves one per process), and how long a new trace waits for a
-#: stopped one to hand it over (its harvester releases CUPTI once its last ops have their spans).
-_CUPTI_OWNER: Trace | None = None
-CUPTI_HANDOFF_S = 2.0
-#: Polling period of a stopped trace's harvester while its last ops finish (and of ``wait_pending``).
-_DRAIN_S = 0.01
-#: While a CUPTI trace records and nobody reads it, its harvester leaves CUPTI's records where they are (in CUPTI's
-#: buffers, or undecoded in ours) for up to this many ops (~350 bytes each): flushing (which holds CUPTI's locks) and
-#: decoding (which holds the GIL) would compete with the very launches being measured. A read, stopping, or this
-#: many ops flushes and decodes them; a watched trace (below) is flushed and decoded at every harvest (>= 10 Hz).
-DEFER_OPS = 200_000
-#: ... and while fewer than this many ops of several records (copies, graph launches) hold their completions.
-DEFER_COMPLETIONS = 1024
-#: A trace counts as watched (decoded at every harvest, for live views) for this long after ``version`` is read.
-WATCH_S = 1.0
 _PACK = ROW.pack
 _now = time.perf_counter_ns
 #: The clock of CUPTI ops' enqueue windows: CUPTI's own on Linux (CLOCK_REALTIME, checked when CUPTI starts).
 _wall = time.time_ns
 _ident = threading.get_ident
 _KERNEL = KIND_CODE["kernel"]
-#: Modules whose presence means CUDA may be used by other code in this process: a trace then starts CUPTI when it
-#: starts, not when the workbench's own first op meets a CUDA device, so that every library's work is in it.
-CUDA_MODULES = ("cupy", "torch", "numba.cuda", "cuda.core", "cuda.bindings", "pycuda", "jax")
 
 
-def _hook_torch_profiler() -> None:
-    """Have torch.profiler take CUPTI cleanly from a recording trace: wraps ``torch.autograd.profiler.
-    _prepare_profiler`` (once) so that the trace holding CUPTI flushes and stops it before Kineto takes the callbacks.
-    Without it, records in a buffer of ours would go to Kineto, which drops buffers it did not hand out: lost to both.
-    A seam with PyTorch (docs/architecture.md); a torch without that function keeps the harvester's detection."""
-    module = sys.modules.get("torch.autograd.profiler")
-    original = getattr(module, "_prepare_profiler", None)
-    if original is None or getattr(original, "gpuworkbench_hook", False):
-        return
-
-    def prepare(*args: Any, **kwargs: Any) -> Any:
-        owner = _CUPTI_OWNER
-        if owner is not None:
-            owner._yield_cupti("torch.profiler started and took CUPTI")
-        cupti_source.hand_over()
-        cupti_source.timestamps_may_change()
-        return original(*args, **kwargs)
-
-    prepare.gpuworkbench_hook = True  # type: ignore[attr-defined]
-    module._prepare_profiler = prepare
-    cupti_source.callbacks_unknown()  # a profiler session before the hook may have taken the callbacks
-
-
-def _weak(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` (bound to a trace) called through a weak reference to its trace."""
-    ref = weakref.WeakMethod(method)
-
-    def call(*args: Any) -> Any:
-        bound = ref()
-        if bound is None:
-            raise ReferenceError("the trace is gone")
-        return bound(*args)
-
-    return call
-
-
-def _cuda_in_process() -> bool:
-    modules = sys.modules
-    return any(name in modules for name in CUDA_MODULES)
-
-
-def _cuda_name(ordinal: int) -> str:
-    """A CUDA device's name, asked of whichever library is loaded (no new CUDA context is made for it)."""
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        try:
-            return cupy.cuda.runtime.getDeviceProperties(ordinal)["name"].decode()
-        except Exception:  # noqa: BLE001
-            pass
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            return str(torch.cuda.get_device_name(ordinal))
-        except Exception:  # noqa: BLE001
-            pass
-    return f"CUDA device {ordinal}"
-
-
-@dataclass
-class DeviceClock:
-    """How one device's timestamps map onto the trace's host clock, and where they came from."""
-
-    key: str  # "cuda:0"
-    name: str
-    source: str  # "cupti", "events", "profiling", "perf_counter"
-    offset_ns: int = 0  # device_ns - host_ns
-    error_ns: int = 0  # alignment uncertainty (half the bracket of the clock sample)
-    note: str = ""  # e.g. why CUPTI was not used and what the fallback's bias is
-
-
-# An op timed by events whose span is not known yet is a tuple (cheap to make on the enqueue path):
-# (op_id, device, stream, kind code, bytes, name, pinned, enqueue_ns, completion). CUPTI ops: see cupti_ops.py.
-
-
-class _Columns:
-    """Columnar storage that grows to ``capacity`` rows and then keeps the newest (a ring), counting what it drops."""
-
-    def __init__(self, schema: Mapping[str, Any], capacity: int) -> None:
-        self.schema, self.capacity = schema, capacity
-        self.size = 0  # allocated on the first rows: a trace's start makes no arrays
-        self.cols: dict[str, np.ndarray] = {}
-        self.count = 0  # rows ever appended
-        self.dropped = 0
-
-    def _grow(self, rows: int) -> None:
-        """Double the arrays (up to ``capacity``) until ``rows`` more fit."""
-        while self.count + rows > self.size and self.size < self.capacity:
-            new = min(max(self.size * 2, 1024), self.capacity)
-            for c, dt in self.schema.items():
-                grown = np.zeros(new, dtype=dt)
-                if self.size:
-                    grown[: self.size] = self.cols[c]
-                self.cols[c] = grown
-            self.size = new
-
-    def append(self, row: Mapping[str, Any]) -> None:
-        self._grow(1)
-        i = self.count % self.size
-        if self.count >= self.size:
-            self.dropped += 1
-        for c, v in row.items():
-            self.cols[c][i] = v
-        self.count += 1
-
-    def extend(self, rows: list[tuple]) -> None:
-        """Append many rows (tuples in schema order) at once."""
-        if rows:
-            self.extend_columns(dict(zip(self.schema, zip(*rows))))
-
-    def extend_columns(self, cols: Mapping[str, Any]) -> None:
-        """Append columns of equal length (sequences or arrays, keyed by the schema): one assignment per column."""
-        m = len(next(iter(cols.values())))
-        self._grow(m)
-        skip = 0
-        if m > self.size:  # more rows than the ring holds: only the newest survive
-            self.count += m - self.size
-            skip, m = m - self.size, self.size
-        at = self.count % self.size
-        idx: Any = slice(at, at + m) if at + m <= self.size else (self.count + np.arange(m)) % self.size
-        for c in self.schema:
-            values = cols[c][skip:]
-            column = self.cols[c]
-            if column.dtype == object and not isinstance(values, np.ndarray):
-                values = np.fromiter(values, object, count=m)
-            column[idx] = values
-        self.count += m
-        self.dropped = max(0, self.count - self.size)
-
-    def table(self, since: int = 0) -> dict[str, np.ndarray]:
-        """Rows ``since`` (a count of appends) to now, in append order; older dropped rows are gone."""
-        if not self.size:
-            return {c: np.zeros(0, dtype=dt) for c, dt in self.schema.items()}
-        first = max(since, self.count - self.size, 0)
-        idx = np.arange(first, self.count) % self.size
-        return {c: arr[idx].copy() for c, arr in self.cols.items()}
-
-
-@dataclass
-class TraceStats:
-    """Counters that say how complete a trace is."""
-
-    ops: int = 0
-    pending: int = 0
-    dropped: int = 0
-    lost: int = 0  # ops whose span never arrived (e.g. no CUPTI record); listed in warnings
-    unplaced_calls: int = 0  # CUDA calls CUPTI recorded outside every traced op (other code's launches)
-    harvest_cycles: int = 0
-    deferred_harvests: int = 0  # harvester wake-ups that left CUPTI's records alone (nobody was reading)
-    harvest_cpu_s: float = 0.0  # CPU time the harvester thread spent (what tracing takes from the host)
-    warnings: list[str] = field(default_factory=list)
-
-
-class Trace:
+class Trace(CuptiTracing, Harvesting):
     """Spans of every op enqueued while active. Use as ``with gw.trace() as t:``; nothing here synchronizes a device.
 
     ``capacity`` bounds the rows kept (the newest win); ``interval_s`` is the harvester's polling period (20 Hz by
@@ -244,8 +68,8 @@ class Trace:
         #: Whether other libraries' CUDA work (CuPy, PyTorch ...) is captured too (CUPTI from the trace's start):
         #: on unless ``others=False`` or ``GPUWB_TRACE_OTHERS=0``.
         self.others = _others(others)
-        self._spans = _Columns(COLUMNS, capacity)
-        self._memory = _Columns(MEMORY_COLUMNS, capacity)
+        self._spans = Columns(COLUMNS, capacity)
+        self._memory = Columns(MEMORY_COLUMNS, capacity)
         self._pending: deque[tuple] = deque()  # ops timed by events, not yet looked at (layout above)
         self._waiting: list[tuple] = []  # ... and those looked at, not done yet
         self._cupti_ops = CuptiOps()
@@ -304,19 +128,16 @@ class Trace:
         if self.recording:
             return self
         self.started_ns = time.perf_counter_ns()
-        if self.others and self.source != "events" and self._cupti is None and _cuda_in_process():
+        if self.others and self.source != "events" and self._cupti is None and cuda_in_process():
             self._start_cupti()  # every library's CUDA work from the first op on
-        with _ACTIVE_LOCK:
-            ACTIVE.append(self)
+        listeners.add(self)
         self._stop.clear()
         self._thread = HARVEST_THREADS.run(self._harvest_loop, f"gpuworkbench-trace-{self.id}")
         return self
 
     def stop(self) -> None:
         """Stop recording new ops; spans of ops already enqueued keep arriving in the background."""
-        with _ACTIVE_LOCK:
-            if self in ACTIVE:
-                ACTIVE.remove(self)
+        listeners.remove(self)
         self.stopped_ns = time.perf_counter_ns()
         self._stop.set()
 
@@ -328,9 +149,24 @@ class Trace:
 
     @property
     def recording(self) -> bool:
-        return self in ACTIVE
+        return self in listeners.RECORDING
 
-    # ------------------------------------------------------------------ called by the front end
+    @property
+    def cupti_info(self) -> dict[str, Any]:
+        """Where CUPTI stands for this trace: ``tried`` (a start was attempted), ``running`` (a CUPTI source serves
+        it), ``reason`` (why it did not start) and ``taken`` (why it was handed to another client; "" if not)."""
+        return {
+            "tried": self._cupti_tried,
+            "running": self._cupti is not None,
+            "reason": self._cupti_reason,
+            "taken": self._taken,
+        }
+
+    # ------------------------------------------------------------ called by the front end (gpuworkbench.listeners)
+    def knows_device(self, device: Any) -> bool:
+        """Whether ``device`` has a number in this trace already."""
+        return id(device) in self._device_numbers
+
     def device_number(self, device: Any) -> int:
         """The trace's number for ``device`` (a gpuworkbench Device), aligning its clock the first time."""
         key = id(device)
@@ -353,7 +189,7 @@ class Trace:
                     self._cuda_numbers.setdefault(ordinal, number)
             self._claimed.add(number)
             self._device_numbers[key] = number
-            for sid, label in device._stream_labels().items():
+            for sid, label in device.stream_labels().items():
                 self._stream_labels[(number, sid)] = label
         return number
 
@@ -362,7 +198,7 @@ class Trace:
         clock = DeviceClock(key=device.spec, name=device.name, source=caps.timestamps)
         if caps.timestamps == "events" and self.source in ("auto", "cupti") and device.backend_kind.value == "cuda":
             # Measured on an H200: with a persistent kernel looping (persistent.py), a CUPTI trace waited for it to end.
-            blocked = device._runs_persistent()
+            blocked = device.runs_persistent()
             reason = (
                 "a persistent kernel runs on this device, and CUPTI would wait for it to end"
                 if blocked
@@ -380,146 +216,9 @@ class Trace:
             )
             if self.source == "cupti":
                 raise RuntimeError(f"trace source 'cupti' asked for but unavailable: {reason}")
-        sample = device._backend.clock_sample()
+        sample = device.backend_device.clock_sample()
         clock.offset_ns, clock.error_ns = sample.device_ns - sample.host_ns, sample.error_ns
         return clock
-
-    def _start_cupti(self) -> str:
-        if self._cupti_tried:
-            return self._cupti_reason
-        self._cupti_tried = True
-        cupti_module = cupti_source
-        ok, why = cupti_module.CuptiSource.available()
-        if not ok:
-            self._cupti_reason = why
-            return why
-        why = cupti_module.blocked()
-        if why and not cupti_module.lingering():  # attaching or enabling could wait for the blocker; taking over not
-            self._cupti_reason = why
-            self._warn_once(f"CUPTI not used: {why}; this trace times its own ops by events and sees no other work")
-            return why
-        other = cupti_module.other_client()
-        if other:
-            self._cupti_reason = other
-            self._warn_once(f"CUPTI not used: {other}; this trace times its own ops by events and sees no other work")
-            return other
-        global _CUPTI_OWNER
-        owner = _CUPTI_OWNER
-        if owner is not None and owner is not self and not owner.recording and owner._thread is not None:
-            owner._hurry.set()  # its next pass now: a forced flush brings the records of ops already done
-            owner._thread.join(CUPTI_HANDOFF_S)  # a stopped trace holds CUPTI until its last ops are in
-        cupti_module.prepare()  # once per process: done at %load_ext, else here
-        source = cupti_module.CuptiSource()  # one per trace (it takes over a parked one's kinds: cupti.LINGER_S)
-        _hook_torch_profiler()
-        try:
-            source.start()
-        except cupti_module.CuptiUnavailable as exc:
-            self._cupti_reason = str(exc)
-            return self._cupti_reason
-        _CUPTI_OWNER = self
-        window = WindowClock()  # set before the source, which a harvester may meet at once
-        if cupti_source.timestamps_are_ticks():  # calls before the first harvest are placed between two samples
-            window.sample(source)
-        self._window = window
-        self._clocks_sampled = False  # on first need (``_sample_clocks``), not on the path before the first op
-        self._cupti = source
-        self._cupti_session = source.session
-        if self.others:
-            # Weak callbacks: a trace in a reference cycle is freed by the cyclic collector, late and on any thread.
-            self._foreign = ForeignRecords(
-                _weak(self._foreign_devices),
-                _weak(self._thread_row),
-                _weak(self.label_stream),
-                source.api_name,
-                source.names_of,
-            )
-        return ""
-
-    def _foreign_devices(self, ordinals: np.ndarray) -> np.ndarray:
-        """Trace device numbers of CUDA ordinals seen in CUPTI records (new ones are added, on CUPTI's clock)."""
-        numbers = self._cuda_numbers
-        unique = np.unique(ordinals)
-        if any(int(o) not in numbers for o in unique.tolist()):
-            with self._lock:
-                for ordinal in unique.tolist():
-                    if ordinal not in numbers:
-                        number = len(self._devices)
-                        self._devices[number] = DeviceClock(
-                            key=f"cuda:{ordinal}",
-                            name=_cuda_name(ordinal),
-                            source="cupti",
-                            offset_ns=self._cupti_offset,
-                            error_ns=self._cupti_error,
-                        )
-                        self._cupti_flags.append(True)
-                        numbers[ordinal] = number
-        lookup = np.array([numbers[int(o)] for o in unique.tolist()], np.int64)
-        return lookup[np.searchsorted(unique, ordinals)] if unique.size else np.zeros(0, np.int64)
-
-    def _thread_row(self, device: int, thread: int) -> int:
-        """The host row (a negative stream) of a thread CUPTI names by the low 32 bits of its ``pthread_self``."""
-        index = self._threads.get(thread)
-        if index is None:
-            index = self._threads[thread] = len(self._threads)
-        stream = thread_stream(index)
-        if (device, stream) not in self._stream_labels:
-            name = next((t.name for t in threading.enumerate() if (t.ident or 0) & 0xFFFFFFFF == thread), "")
-            self._stream_labels[(device, stream)] = f"host {name}" if name else f"host thread {thread:#x}"
-        return stream
-
-    def _yield_cupti(self, reason: str) -> None:
-        """Hand CUPTI to another client that is about to take it (torch.profiler, through ``_hook_torch_profiler``):
-        flush and stop it first, so that no buffer of ours is left for the other tool to receive, decode what came
-        back, and time later ops by events. Ops whose records had not come (still running) are counted lost."""
-        global _CUPTI_OWNER
-        with self._harvest_lock:
-            source = self._cupti
-            if source is None or self._taken or source.session != self._cupti_session:
-                return
-            source.stop()
-            self._give_up_cupti(reason)
-            self._harvest(flush=False)
-            left = len(self._cupti_ops)
-            if left:
-                self.stats.lost += left
-                self._warn_once(f"{left} ops still running when CUPTI was handed over have no span")
-            self._cupti_ops = CuptiOps()
-            self._cupti, self._foreign = None, None
-            if _CUPTI_OWNER is self:
-                _CUPTI_OWNER = None
-
-    def _give_up_cupti(self, reason: str) -> None:
-        """Another client took CUPTI while this trace recorded: its later ops are timed by events."""
-        self._taken = reason
-        self._cupti.freeze()
-        self._cupti_flags = [False] * len(self._cupti_flags)
-        self._streams.clear()
-        self._warn_once(
-            f"CUPTI taken over mid-trace: {reason}. From then on this trace times its own ops by CUDA events and "
-            "sees no other library's work; its ops enqueued just before may be missing."
-        )
-
-    def _sample_clocks(self) -> None:
-        """CUPTI's clock against the host's and the window clock, once per CUPTI source, when first needed: at the
-        first harvest or a read of ``devices`` (a CUDA device's clock made before then gets the offset here). On the
-        trace's start, on a CPU that idled between notebook cells, they took ~12 µs before the first op (H200 host)."""
-        source = self._cupti
-        if self._clocks_sampled or source is None:
-            return
-        cupti_ns, host_ns, err = source.clock_sample()
-        with self._lock:  # against ``_align``: every CUPTI clock made before gets the offset, every one after too
-            if self._clocks_sampled:
-                return
-            self._window.sample(source)
-            self._cupti_offset, self._cupti_error = cupti_ns - host_ns, err
-            for clock in self._devices.values():
-                if clock.source == "cupti":
-                    clock.offset_ns, clock.error_ns = self._cupti_offset, self._cupti_error
-            self._clocks_sampled = True
-
-    def _resolve(self, thread: np.ndarray, start: np.ndarray) -> np.ndarray:
-        """Place CUPTI API calls (thread id, start on CUPTI's clock) in the enqueue windows of the waiting ops."""
-        return self._cupti_ops.resolve(thread, start - self._window.offsets(self._cupti, start))
 
     def _stream_info(self, stream: Any) -> tuple[int, bool, tuple[int, int]]:
         """(device number, spans from CUPTI, (device number, stream id)) of a stream, kept for the launch path."""
@@ -563,7 +262,7 @@ class Trace:
             t0 = _wall()  # the API calls CUPTI records on this thread from here to t1 are this op's
             completion = call(False)
             t1 = _wall()
-            stream._track(completion, keep)
+            stream.track(completion, keep)
             ops = self._cupti_ops  # CuptiOps.add, inlined: this is the launch path
             code = ops.codes.get(name)
             if code is None:
@@ -577,7 +276,7 @@ class Trace:
             return completion
         enqueue_ns = _now()
         completion = call(True)
-        stream._track(completion, keep)
+        stream.track(completion, keep)
         self._event_ops += 1
         self._pending.append((op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion))
         return completion
@@ -646,6 +345,7 @@ class Trace:
             self._version += 1
 
     def label_stream(self, device_number: int, stream: int, label: str) -> None:
+        """Name a stream's row."""
         self._stream_labels[(device_number, stream)] = label
 
     # ------------------------------------------------------------------ harvesting
@@ -668,184 +368,10 @@ class Trace:
         )
         self._version += 1
 
-    def _harvest_loop(self) -> None:
-        stopping = False
-        while True:
-            if self._cupti is not None:  # a take-over's watch callbacks (QUIET_BY "trace"): off as the loop begins,
-                cupti_source.quiet_taken_over()  # or at its next wake where CUPTI started later (a first CUDA op)
-            if stopping:  # stopped, ops still running: drain at a gentle pace, never in a busy loop
-                self._hurry.wait(min(self.interval_s, _DRAIN_S))
-                self._hurry.clear()
-            else:
-                stopping = self._stop.wait(self.interval_s)
-            cpu = time.thread_time()
-            try:
-                if self._cupti is not None and not self._taken and self.recording:
-                    other = cupti_source.other_client()
-                    if other:
-                        self._give_up_cupti(other)
-                if self._defers():
-                    self._deferred = True
-                    self._stats.deferred_harvests += 1
-                else:
-                    self.harvest()
-            except Exception as exc:  # noqa: BLE001 - a harvester crash must be visible, not silent
-                self.stats.warnings.append(f"harvester error: {exc!r}")
-                warnings.warn(f"gpuworkbench trace harvester error: {exc!r}", RuntimeWarning, stacklevel=1)
-            self.stats.harvest_cpu_s += time.thread_time() - cpu
-            if stopping and not self._unfinished():
-                self._finish_cupti()
-                make_spares()  # the next trace's object, off its start
-                return
-
-    def _defers(self) -> bool:
-        """Whether this wake-up may leave CUPTI's records alone: recording, unwatched, a bounded backlog, and no ops
-        timed by events waiting (their pooled events are held until harvested)."""
-        return (
-            self._cupti is not None
-            and not self._taken
-            and self.recording
-            and time.monotonic() - self._read_at > WATCH_S
-            and not self._pending
-            and not self._waiting
-            and len(self._cupti_ops.completions) < DEFER_COMPLETIONS
-            and len(self._cupti_ops.rows) < DEFER_OPS * ROW.size
-        )
-
-    def _catch_up(self) -> None:
-        """Flush and decode what the harvester deferred, for a reader while the trace records."""
-        if self._deferred and self.recording:
-            self.harvest(flush=True)
-
-    def _unfinished(self) -> int:
-        """Ops recorded whose spans have not been made yet."""
-        return len(self._pending) + len(self._waiting) + len(self._cupti_ops)
-
-    def harvest(self, flush: bool = False) -> int:
-        """Turn finished ops into spans (non-blocking); returns how many spans were added. ``flush``: have CUPTI hand
-        back every record now (else only when a flush is due: see ``trace/cupti.py``)."""
-        with self._harvest_lock:
-            self._deferred = False
-            return self._harvest(flush)
-
-    def _harvest(self, flush: bool) -> int:
-        self.stats.harvest_cycles += 1
-        cycle = self.stats.harvest_cycles
-        self._sample_clocks()  # before the offsets are read
-        offsets = {n: c.offset_ns for n, c in self._devices.items()}
-        cupti_rows = None
-        ops = self._cupti_ops
-        if self._cupti is not None:
-            ops.take_rows(cycle)  # before the flush: the windows of the ops handed over so far place its API calls
-            if self._window.drifts:
-                self._window.sample(self._cupti)
-            eager = flush or not self.recording
-            records = self._cupti.flush_columns(eager=eager, full=self.others, resolve=self._resolve)
-            ops.add_records(records, cycle)
-            self.stats.unplaced_calls = self._cupti.unplaced_calls
-            if self._foreign is not None:
-                self._add_foreign(records)
-            if len(ops):
-                lost = ops.lost
-                off = np.array([offsets[n] for n in range(len(offsets))], np.int64)
-                cupti_rows = ops.harvest(cycle, off, off - self._window.offsets(self._cupti))
-                if ops.lost > lost:
-                    self.stats.lost += ops.lost - lost
-                    self._warn_once(f"no CUPTI record arrived for some ops (first: {ops.first_lost!r}): missing")
-        waiting = self._waiting
-        while self._pending:
-            waiting.append(self._pending.popleft())
-        rows: list[tuple] = []
-        keep: list[tuple] = []
-        blocked: set[tuple[int, int]] = set()  # streams with an unfinished op: later ops there are unfinished too
-        for p in waiting:
-            op_id, dev, stream, kind, nbytes, name, pinned, enq, completion = p
-            key = (dev, stream)
-            if key in blocked or not completion.done():
-                blocked.add(key)
-                keep.append(p)
-                continue
-            times = completion.times_ns()
-            if times is None:
-                self.stats.lost += 1
-                self._warn_once(f"an op finished without timestamps ({name!r}); it is missing")
-                continue
-            off = offsets[dev]
-            rows.append((kind, dev, stream, times[0] - off, times[1] - off, enq, nbytes, name, pinned, -1, 0, 0))
-        added = len(rows) + (0 if cupti_rows is None else len(cupti_rows["kind"]))
-        if added:
-            with self._lock:
-                self._spans.extend(rows)
-                if cupti_rows is not None:
-                    self._spans.extend_columns(cupti_rows)
-                self._version += 1
-        self._waiting = keep
-        self.stats.dropped = self._spans.dropped
-        return added
-
-    def _add_foreign(self, records: dict[str, np.ndarray] | None) -> None:
-        """Other libraries' work, launches, allocations and NVTX ranges from this flush, as spans."""
-        foreign = None
-        if records is not None:
-            theirs = records["external_id"] <= 0
-            if theirs.any():
-                foreign = {k: v[theirs] for k, v in records.items()}
-        blocks = [
-            b
-            for b in map(self._in_window, self._foreign.spans(foreign, self._cupti.take_extras(), self._cupti_offset))
-            if b["kind"].size
-        ]
-        if not blocks:
-            return
-        with self._lock:
-            for block in blocks:
-                self._spans.extend_columns(block)
-                if (block["kind"] == KIND_CODE["alloc"]).any() or (block["kind"] == KIND_CODE["free"]).any():
-                    now = int(block["end_ns"].max())
-                    for dev, total in self._foreign.other_bytes.items():
-                        self._other_bytes[dev] = total
-                        row = {"device": dev, "t_ns": now, "held_bytes": self._held.get(dev, 0), "used_bytes": -1}
-                        self._memory.append(row | {"other_bytes": total})
-            self._version += 1
-
-    def _in_window(self, block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The rows of a block of other libraries' work whose call (or start, where no call is known) came before this
-        trace stopped: CUPTI runs on after a stop until the trace's own ops are in, and sees work enqueued then. The
-        start needs no bound: CUPTI records nothing before the trace starts it but work already running."""
-        if not self.stopped_ns:
-            return block
-        keep = np.where(block["enqueue_ns"] >= 0, block["enqueue_ns"], block["start_ns"]) <= self.stopped_ns
-        return block if keep.all() else {k: v[keep] for k, v in block.items()}
-
-    def _warn_once(self, message: str) -> None:
+    def warn_once(self, message: str) -> None:
+        """Add ``message`` to the trace's warnings unless it is there already."""
         if message not in self.stats.warnings:
             self.stats.warnings.append(message)
-
-    def _finish_cupti(self) -> None:
-        global _CUPTI_OWNER
-        if self._cupti is not None and self._cupti.session == self._cupti_session:
-            if self._taken:
-                self._cupti.abandon()  # the other client holds CUPTI now: leave its kinds and callbacks alone
-            else:
-                self._cupti.stop()
-            self.harvest()  # what the stop's forced flush handed back, and records held for ids: all released now
-            self.stats.unplaced_calls = self._cupti.unplaced_calls
-            if _CUPTI_OWNER is self:
-                _CUPTI_OWNER = None
-
-    def wait_pending(self, timeout_s: float = 30.0) -> bool:
-        """Block until every recorded op has its span (the ops themselves must finish); False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while self._unfinished():
-            self._read_at = time.monotonic()  # a recording trace's harvester decodes while someone waits
-            if self._thread is None or not self._thread.is_alive():
-                self.harvest()
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(min(self.interval_s / 2, _DRAIN_S / 2))
-        if not self.recording and self._thread is not None:
-            self._thread.join(max(0.0, deadline - time.monotonic()))  # it releases CUPTI as it ends
-        return True
 
     # ------------------------------------------------------------------ reading
     def table(self, since: int = 0, wait: bool = True) -> dict[str, np.ndarray]:
@@ -885,6 +411,11 @@ class Trace:
         return dict(self._devices)
 
     @property
+    def host_threads(self) -> dict[int, int]:
+        """Host thread id (the low 32 bits of its ``pthread_self``) → index of its host row (``thread_stream``)."""
+        return dict(self._threads)
+
+    @property
     def stream_labels(self) -> dict[tuple[int, int], str]:
         return dict(self._stream_labels)
 
@@ -904,16 +435,17 @@ class Trace:
 
         return chrome_trace(self, path)
 
-    def summary(self, window: tuple[int, int] | None = None):  # noqa: ANN201 - analysis.Summary
-        """Overlap, idle, pipeline efficiency and advice (DESIGN §6); ``too-small-for-gpu`` too where this machine's
-        crossovers are cached (``gw.crossover``)."""
-        from ..crossovers import cached_crossovers  # a seam: crossovers imports device, which imports this module
+    def summary(self, window: tuple[int, int] | None = None, crossover: Any = None):  # noqa: ANN201 - analysis.Summary
+        """Overlap, idle, pipeline efficiency and advice (DESIGN §6); ``too-small-for-gpu`` too where crossover
+        figures are given, or where a provider registered with ``provide_crossovers`` (the kernel library does, from
+        the cache ``gw.crossover`` writes) has them for this trace's devices."""
         from .analysis import summarize
 
-        try:
-            crossover = cached_crossovers(self)
-        except Exception:  # noqa: BLE001 - an unreadable cache never stops a summary
-            crossover = None
+        if crossover is None and CROSSOVERS.provider is not None:
+            try:
+                crossover = CROSSOVERS.provider(self)
+            except Exception:  # noqa: BLE001 - an unreadable cache never stops a summary
+                crossover = None
         return summarize(self.table(), window=window, crossover=crossover)
 
     def statistics(self):  # noqa: ANN201 - statistics.Statistics
@@ -927,21 +459,44 @@ class Trace:
         """A Bokeh timeline: the detail view (a row per host thread and device stream) over an overview strip, in one
         column (options: ``viz.timeline_figure``; ``gw.compare(a, b).figure()`` puts two on one axis); waits for
         pending spans."""
-        from ..viz.timeline import trace_timeline
-
-        return trace_timeline(self, **kw)
+        return pictures().trace_timeline(self, **kw)
 
     def memory_plot(self, **kw: Any):  # noqa: ANN201 - a bokeh figure
         """A Bokeh plot of bytes held per device over time beside the device's used total (``viz.memory_figure``)."""
-        from ..viz.memory import trace_memory_plot
-
-        return trace_memory_plot(self, **kw)
+        return pictures().trace_memory_plot(self, **kw)
 
     def show(self, window: tuple[int, int] | None = None):  # noqa: ANN201 - None in a notebook, else a bokeh layout
         """Display timeline, memory plot and summary (over ``window``) in a notebook; elsewhere return the layout."""
-        from ..viz import show_trace
+        return pictures().show_trace(self, window=window)
 
-        return show_trace(self, window=window)
+    @classmethod
+    def finished(
+        cls,
+        table: Mapping[str, np.ndarray],
+        devices: Mapping[int, DeviceClock],
+        stream_labels: Mapping[tuple[int, int], str],
+        memory: Mapping[str, np.ndarray] | None = None,
+        *,
+        dropped: int = 0,
+        lost: int = 0,
+        started_ns: int = 0,
+        stopped_ns: int = 0,
+    ) -> Trace:
+        """A stopped Trace holding ``table`` (span columns) and ``memory`` (memory columns), each filled with one
+        ``extend_columns`` (no row by row copy): a trace loaded from a file, or one part of a merged trace."""
+        n = len(table["kind"])
+        m = 0 if memory is None else len(memory["t_ns"])
+        trace = cls(capacity=max(n, m, 1))
+        if n:
+            trace._spans.extend_columns(table)
+        if m:
+            trace._memory.extend_columns(memory)
+        trace._devices.update(devices)
+        trace._stream_labels.update(stream_labels)
+        trace._stats.dropped, trace._stats.lost = dropped, lost
+        trace.started_ns, trace.stopped_ns = started_ns, stopped_ns
+        trace._version += 1
+        return trace
 
     @classmethod
     def from_records(cls, records: Any, device_names: Mapping[int, str] | None = None) -> Trace:
@@ -969,6 +524,10 @@ class Trace:
             t._devices[dev] = DeviceClock(key=f"device:{dev}", name=name, source="records")
         return t
 
+    def _finished(self) -> None:
+        """Called by the harvester as it ends: the next trace's object is made now, off that trace's start."""
+        make_spares()
+
     def __repr__(self) -> str:
         state = "recording" if self.recording else "stopped"
         return f"<Trace {self.id}: {len(self)} spans, {self.stats.pending} pending, {state}>"
@@ -976,7 +535,31 @@ class Trace:
 
 def active() -> list[Trace]:
     """The traces recording now."""
-    return list(ACTIVE)
+    return [t for t in listeners.recording() if isinstance(t, Trace)]
+
+
+def pictures() -> Any:
+    """``gpuworkbench.viz``, imported on first use: the one accessor seam between the tracer and its pictures (as
+    pandas' ``DataFrame.plot``). The tracer draws nothing; ``Trace.timeline``, ``show``, ``memory_plot`` and
+    ``Comparison.figure`` hand their data to ``viz`` through here."""
+    from .. import viz
+
+    return viz
+
+
+class _Crossovers:
+    """Who gives ``Trace.summary`` its crossover figures: a function of the trace (the kernel library registers one)."""
+
+    provider: Callable[[Trace], Any] | None = None
+
+
+CROSSOVERS = _Crossovers()
+
+
+def provide_crossovers(provider: Callable[[Trace], Any] | None) -> None:
+    """Have ``Trace.summary`` ask ``provider(trace)`` for crossover figures (per device number, a CrossoverPoint per
+    kernel name), for the ``too-small-for-gpu`` advice; None stops asking."""
+    CROSSOVERS.provider = provider
 
 
 def _others(others: bool | None) -> bool:

@@ -6,12 +6,13 @@ arrays of equal length so that analyses are vectorised functions of plain tables
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ..op_names import PEER_ROUTES, parse_peer_copy, peer_copy_name  # noqa: F401  (re-exported)
 
 #: Span kinds, in the order of their integer codes in the ``kind`` column.
 KINDS: tuple[str, ...] = ("h2d", "d2h", "d2d", "memset", "kernel", "alloc", "free", "marker", "api", "range")
@@ -21,25 +22,6 @@ KIND_CODE: dict[str, int] = {name: code for code, name in enumerate(KINDS)}
 HOST_KINDS: frozenset[str] = frozenset({"alloc", "free", "marker", "api", "range"})
 #: Host rows of a device are negative streams: -1 the workbench's own (allocations, markers), -2 - i host thread i.
 HOST_STREAM = -1
-
-#: A peer copy (``Buffer.copy_from`` between two devices of one backend) is a ``d2d`` span on the destination's stream
-#: whose name ends in ``[SRC → DST, ROUTE]`` (device specs): ROUTE "direct" went device to device, "staged" went
-#: through host memory as no direct path exists, "staged, direct path unused" went through the host although one does.
-PEER_ROUTES: tuple[str, ...] = ("direct", "staged", "staged, direct path unused")
-_PEER_NAME = re.compile(r"\[(\S+) → (\S+), (" + "|".join(map(re.escape, PEER_ROUTES)) + r")\]$")
-
-
-def peer_copy_name(label: str, src: str, dst: str, route: str) -> str:
-    """The span name of a peer copy: ``label`` followed by both devices and the route (one of PEER_ROUTES)."""
-    if route not in PEER_ROUTES:
-        raise ValueError(f"unknown peer route {route!r}; expected one of {PEER_ROUTES}")
-    return f"{label} [{src} → {dst}, {route}]"
-
-
-def parse_peer_copy(name: str) -> tuple[str, str, str] | None:
-    """(source, destination, route) of a peer copy's span name, or None when ``name`` is not one."""
-    match = _PEER_NAME.search(name)
-    return None if match is None else (match[1], match[2], match[3])
 
 
 def thread_stream(index: int) -> int:

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from gpuworkbench._format import decimal_bytes, duration_ns, gbps, percent
 from gpuworkbench.errors import InvalidArgument
 
-from .analysis import total_length, union
+from .analysis.intervals import total_length, union
 from .spans import HOST_KINDS, KIND_CODE, KINDS
 
 #: Columns of each table, in order.
@@ -302,11 +303,11 @@ class Statistics:
         kernels = self._columns["kernels"]
         for device in sorted(self.device_time_ns):
             mine = np.flatnonzero(kernels["device"] == device)
-            title = f"kernels on {self._device(device)}: device busy {format_ns(self.device_time_ns[device])}"
+            title = f"kernels on {self._device(device)}: device busy {duration_ns(self.device_time_ns[device])}"
             rows = [
                 [str(kernels["name"][i]), str(kernels["count"][i])]
-                + [format_ns(kernels[c][i]) for c in ("total_ns", "mean_ns", "min_ns", "max_ns", "busy_ns")]
-                + [format_pct(kernels["device_time_pct"][i])]
+                + [duration_ns(kernels[c][i]) for c in ("total_ns", "mean_ns", "min_ns", "max_ns", "busy_ns")]
+                + [percent(kernels["device_time_pct"][i])]
                 for i in mine[:SHOWN_ROWS]
             ]
             headers = ["name", "count", "total", "mean", "min", "max", "busy", "% of device time"]
@@ -317,8 +318,8 @@ class Statistics:
         rows = [
             ([self._device(int(copies["device"][i]))] if several else [])
             + [str(copies["kind"][i]), str(copies["memory"][i]), str(copies["count"][i])]
-            + [format_bytes(int(copies["bytes"][i])), format_ns(copies["total_ns"][i])]
-            + [format_ns(copies["mean_ns"][i]), format_gbps(copies["gbps"][i])]
+            + [decimal_bytes(int(copies["bytes"][i])), duration_ns(copies["total_ns"][i])]
+            + [duration_ns(copies["mean_ns"][i]), gbps(copies["gbps"][i])]
             for i in range(min(len(copies["count"]), SHOWN_ROWS))
         ]
         headers = (["device"] if several else []) + ["kind", "memory", "count", "bytes", "total", "mean", "GB/s"]
@@ -327,7 +328,7 @@ class Statistics:
         api = self._columns["api"]
         rows = [
             [str(api["name"][i]), str(api["count"][i])]
-            + [format_ns(api[c][i]) for c in ("total_ns", "mean_ns", "min_ns", "max_ns")]
+            + [duration_ns(api[c][i]) for c in ("total_ns", "mean_ns", "min_ns", "max_ns")]
             for i in range(min(len(api["count"]), SHOWN_ROWS))
         ]
         headers = ["name", "count", "total", "mean", "min", "max"]
@@ -336,7 +337,7 @@ class Statistics:
         rows = [
             ([self._device(int(launch["device"][i]))] if several else [])
             + [str(launch["kind"][i]), str(launch["count"][i])]
-            + [format_ns(launch[c][i]) for c in ("median_ns", "p95_ns", "max_ns")]
+            + [duration_ns(launch[c][i]) for c in ("median_ns", "p95_ns", "max_ns")]
             for i in range(len(launch["count"]))
         ]
         headers = (["device"] if several else []) + ["kind", "count", "median", "p95", "max"]
@@ -381,37 +382,6 @@ def trace_statistics(trace: Any) -> Statistics:
 
 
 # --- rendering (shared with trace/compare.py) ------------------------------------------------------------------------
-
-
-def format_ns(ns: float) -> str:
-    """A duration in the unit that reads best ("1.23 ms"); "n/a" for NaN."""
-    ns = float(ns)
-    if np.isnan(ns):
-        return "n/a"
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.0f} ns"
-
-
-def format_bytes(n: int) -> str:
-    """A byte count in decimal units ("4.19 MB"), as bandwidths in GB/s are."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} B"
-
-
-def format_pct(value: float) -> str:
-    """A percentage with one decimal; "n/a" for NaN or None."""
-    return "n/a" if value is None or np.isnan(value) else f"{value:.1f} %"
-
-
-def format_gbps(value: float) -> str:
-    """A bandwidth in GB/s with three significant digits; "n/a" for NaN."""
-    if np.isnan(value):
-        return "n/a"
-    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
 
 
 def _clip(text: str, width: int) -> str:

@@ -6,41 +6,15 @@ The dashboard (ipywidgets + jupyter_bokeh) is imported on first use only.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
+from .._format import in_notebook
+from .compare import comparison_figure
+from .inline import inline_setup
 from .memory import memory_figure, trace_memory_plot
 from .palette import KIND_COLORS, STATE_COLORS
-from .timeline import DETAIL_LIMIT, WEBGL_THRESHOLD, timeline_figure, timeline_view, trace_timeline
-
-_inline_loaded = False
-
-
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel (where ``show`` and widgets can display), False in a script or terminal IPython."""
-    ipython_module = sys.modules.get("IPython")
-    if ipython_module is None:
-        return False
-    shell = ipython_module.get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-def inline_setup(force: bool = False) -> bool:
-    """Load BokehJS into the notebook from the Python package (no CDN), once; False outside a notebook kernel.
-
-    Without it an offline notebook renders nothing and ``jupyter_bokeh.BokehModel`` waits forever.
-    """
-    global _inline_loaded
-    if _inline_loaded and not force:
-        return True
-    if not in_notebook():
-        return False
-    from bokeh.io import output_notebook
-    from bokeh.resources import INLINE
-
-    output_notebook(resources=INLINE, hide_banner=True)
-    _inline_loaded = True
-    return True
+from .timeline import timeline_figure, timeline_view, trace_timeline
+from .timeline_data import DETAIL_LIMIT, WEBGL_THRESHOLD
 
 
 def trace_layout(trace: Any, window: tuple[int, int] | None = None) -> Any:
@@ -85,6 +59,7 @@ __all__ = [
     "KIND_COLORS",
     "STATE_COLORS",
     "WEBGL_THRESHOLD",
+    "comparison_figure",
     "Live",
     "in_notebook",
     "inline_setup",

@@ -23,7 +23,8 @@ from jupyter_bokeh import BokehModel
 from gpuworkbench.trace.analysis import summarize
 from gpuworkbench.trace.spans import COLUMNS, empty_table
 
-from . import inline_setup
+from .._format import decimal_bytes, percent
+from .inline import inline_setup
 from .timeline import build_timeline, device_names
 from .timeline_data import RowLayout, span_columns
 
@@ -54,17 +55,6 @@ class _BokehModel(BokehModel):
             super().close()
         except KeyError:
             pass
-
-
-def _format_bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f} %"
 
 
 class Live(widgets.VBox):
@@ -119,7 +109,7 @@ class Live(widgets.VBox):
         self._stop = threading.Event()
 
         self._rows = RowLayout(device_names(trace), trace.stream_labels, states=False)
-        self._figure, self.source, _ = build_timeline(
+        self._figure, self.source, _, _ = build_timeline(
             empty_table(), self._rows, self._t0_ns or 0, title="live timeline", width=width, webgl=True
         )
         self._bokeh = _BokehModel(self._figure, self._doc_lock)
@@ -275,7 +265,7 @@ class Live(widgets.VBox):
             )
             rows.append(
                 f"<tr><th style='text-align:left'>{html.escape(names.get(device, f'device {device}'))}</th>"
-                f"<td>overlap {_pct(ds.overlap_pct)}</td><td>idle {_pct(ds.idle_pct)}</td>"
+                f"<td>overlap {percent(ds.overlap_pct)}</td><td>idle {percent(ds.idle_pct)}</td>"
                 f"<td>pipeline efficiency {efficiency}</td><td>{html.escape(states)}</td></tr>"
             )
         return f"<div class='gpuworkbench-live'>{head}<table>{''.join(rows)}</table></div>"
@@ -285,11 +275,11 @@ class Live(widgets.VBox):
         self._peak_held = max(self._peak_held, held)
         scale = total if total > 0 else max(self._peak_held, used, 1)
         value = min(held / scale, 1.0)
-        text = f"held {_format_bytes(held)}"
+        text = f"held {decimal_bytes(held)}"
         if total > 0:
-            text += f" of {_format_bytes(total)}"
+            text += f" of {decimal_bytes(total)}"
         if used >= 0:
-            text += f" · device used {_format_bytes(used)}"
+            text += f" · device used {decimal_bytes(used)}"
         changed = text != self._gauge_text.value
         if changed:
             self._gauge.value = value

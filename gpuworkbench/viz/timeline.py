@@ -16,7 +16,7 @@ loop over spans; the live dashboard reuses ``RowLayout`` and ``span_columns`` to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,12 +25,9 @@ from bokeh.models import (
     BoxZoomTool,
     ColumnDataSource,
     CustomJS,
-    CustomJSHover,
     DataRange1d,
     FactorRange,
     HoverTool,
-    Legend,
-    LegendItem,
     PanTool,
     Range1d,
     RangeTool,
@@ -41,175 +38,49 @@ from bokeh.models import (
     WheelZoomTool,
 )
 from bokeh.plotting import figure
-from bokeh.transform import factor_cmap, factor_hatch
+from bokeh.transform import factor_cmap
 
 from gpuworkbench.trace.analysis import STATES
 from gpuworkbench.trace.spans import KIND_CODE
 
 from . import timeline_js
 from .aggregate import aggregate
-from .palette import (
-    HOST_WAIT,
-    HOST_WAIT_HATCH,
-    KIND_COLORS,
-    STATE_COLORS,
-    STATE_LABELS,
-    STYLE_COLORS,
-    STYLE_INK,
-    STYLES,
-)
-from .timeline_data import (  # noqa: F401  (re-exported: the dashboard and tests read them here)
-    _ALL_COLORS,
-    _ALPHA,
-    _AXIS_PX,
-    _BAR_HEIGHT,
-    _CELL_COLUMNS,
-    _CHAR_PX,
-    _HEIGHT,
-    _LEGENDS_PX,
-    _NEST_MIN,
-    _NEST_SHRINK,
-    _RANGE,
-    _SPAN_COLUMNS,
-    _STATE_COLUMNS,
-    _TIME_AXIS,
-    _WAIT_STYLE,
+from .palette import HOST_WAIT, HOST_WAIT_HATCH, STATE_COLORS, STYLE_COLORS, STYLE_INK, STYLES
+from .timeline_data import (
+    ALL_COLORS,
     ALL_STYLES,
+    BAR_HEIGHT,
     BUSY_STEPS,
+    CELL_COLUMNS,
     CELL_PX,
+    CHAR_PX,
     DETAIL_LIMIT,
-    ENQUEUE,
-    HOST_WAIT_PATTERN,
+    KIND_ALPHAS,
+    KIND_HEIGHTS,
     LINK_COLOR,
+    NEST_MIN,
+    NEST_SHRINK,
+    RANGE_KIND,
+    SPAN_COLUMNS,
+    STATE_COLUMNS,
+    TIME_AXIS,
+    WAIT_STYLE,
     WEBGL_THRESHOLD,
     RowLayout,
     cell_columns,
     compact_columns,
-    host_waits,
     launch_links,
     span_columns,
     span_styles,
     state_columns,
 )
+from .timeline_legend import add_legends, span_formatters, span_tooltips
 
-__all__ = ["KIND_COLORS", "STATE_COLORS"]  # re-exported from .palette for older imports
-
-
-def _wait_hatch() -> Any:
-    """Hatching for host waits, none for every other style (a new mapper per figure: models live in one document)."""
-    return factor_hatch("style", [HOST_WAIT_HATCH if s == HOST_WAIT else " " for s in STYLES], list(STYLES))
-
-
-def _tooltips() -> list[tuple[str, str]]:
-    return [
-        ("name", "@name"),
-        ("kind", "@kind"),
-        ("row", "@row"),
-        ("start", "@left{0,0.000} ms"),
-        ("duration", "@duration_us{0,0.0} µs"),
-        ("bytes", "@bytes{custom}"),
-        ("GB/s", "@gbps{custom}"),
-        ("launched by", "@call"),
-        ("launch latency", "@launch_us{custom} (start − call start)"),
-        ("queued behind stream", "@queue_us{custom}"),
-    ]
-
-
-def _number_or_dash(decimals: int, unit: str = "") -> Any:
-    """A hover formatter: the number with thousands separators and ``decimals`` decimals (and ``unit``), or "—" where
-    the span has none (NaN: no bytes, no launching call), which Bokeh's own formats print as "NaN"."""
-    return CustomJSHover(
-        code=f"""
-        if (value == null || Number.isNaN(value)) {{ return "—" }}
-        return value.toLocaleString("en-US", {{minimumFractionDigits: {decimals}, maximumFractionDigits: {decimals}}})
-            + "{unit}"
-        """
-    )
-
-
-def _formatters() -> dict[str, Any]:
-    return {
-        "@bytes": _number_or_dash(0),
-        "@gbps": _number_or_dash(2),
-        "@launch_us": _number_or_dash(1, " µs"),
-        "@queue_us": _number_or_dash(1, " µs"),
-    }
+_ON_ROWS = {"y": "row", "left": "left", "right": "right"}  # every bar of a source with these columns sits on its row
 
 
 def _empty(columns: Mapping[str, Any]) -> dict[str, list]:
     return {col: [] for col in columns}
-
-
-def _legends(fig: Any, styles_present: list[str], states: bool) -> None:
-    """Two legends under the rows, across (they leave the plot its width in a narrow notebook or panel tab): the span
-    kinds (and host waits) present, and the overlap states.
-
-    They are drawn from a legend-only source whose glyphs sit at NaN (never visible), so they stay put while a large
-    trace's drawn sources change with the view.
-    """
-    kinds = ColumnDataSource(
-        {"y": [np.nan] * len(styles_present), "x": [np.nan] * len(styles_present), "style": styles_present},
-        name="kind legend",
-    )
-    swatch = fig.hbar(
-        y="y",
-        left="x",
-        right="x",
-        height=_BAR_HEIGHT,
-        source=kinds,
-        fill_color=factor_cmap("style", [STYLE_COLORS[s] for s in STYLES], list(STYLES)),
-        hatch_pattern=_wait_hatch(),
-        hatch_color="#ffffff",
-        line_color=None,
-        name="kind legend",
-    )
-    common = {
-        "label_text_font_size": "8pt",
-        "glyph_height": 12,
-        "glyph_width": 12,
-        "spacing": 0,
-        "title_text_font_size": "8pt",
-        "title_text_font_style": "bold",
-        "location": "top_left",
-    }
-    fig.add_layout(
-        Legend(
-            items=[LegendItem(label={"field": "style"}, renderers=[swatch])],
-            title="kinds",
-            name="kinds legend",
-            orientation="horizontal",
-            ncols=min(6, max(len(styles_present), 1)),
-            **common,
-        ),
-        "below",
-    )
-    if states:
-        labels = [STATE_LABELS[s] for s in STATES]
-        source = ColumnDataSource(
-            {"y": [np.nan] * len(STATES), "x": [np.nan] * len(STATES), "state": list(STATES), "label": labels},
-            name="state legend",
-        )
-        strip = fig.hbar(
-            y="y",
-            left="x",
-            right="x",
-            height=_BAR_HEIGHT,
-            source=source,
-            fill_color=factor_cmap("state", [STATE_COLORS[s] for s in STATES], list(STATES)),
-            line_color="#bbbbbb",
-            name="state legend",
-        )
-        fig.add_layout(
-            Legend(
-                items=[LegendItem(label={"field": "label"}, renderers=[strip])],
-                title="overlap states (device strips)",
-                name="states legend",
-                orientation="horizontal",
-                ncols=2,
-                **common,
-            ),
-            "below",
-        )
 
 
 def build_timeline(
@@ -224,44 +95,15 @@ def build_timeline(
     webgl_threshold: int = WEBGL_THRESHOLD,
     x_range: Any = None,
     detail_limit: int = DETAIL_LIMIT,
-) -> tuple[Any, ColumnDataSource, ColumnDataSource | None]:
-    """The timeline figure with its span source and state source (None when ``rows.states`` is off).
-
-    Split from ``timeline_figure`` so that the live dashboard can keep the sources and stream into them (it passes no
-    ``x_range``: a ``DataRange1d`` follows the data). Above ``detail_limit`` spans or state segments the sources start
-    empty and the browser fills them from the compact arrays (the ``timeline raw`` source); cells per pixel column
-    (``cell source``) draw the zoomed-out view.
-    """
-    fig, span_source, state_source, _ = _timeline(
-        table,
-        rows,
-        t0_ns,
-        title=title,
-        width=width,
-        row_px=row_px,
-        webgl=webgl,
-        webgl_threshold=webgl_threshold,
-        x_range=x_range,
-        detail_limit=detail_limit,
-    )
-    return fig, span_source, state_source
-
-
-def _timeline(
-    table: Mapping[str, np.ndarray],
-    rows: RowLayout,
-    t0_ns: int,
-    *,
-    title: str,
-    width: int,
-    row_px: int,
-    webgl: bool | None,
-    webgl_threshold: int,
-    x_range: Any,
-    detail_limit: int,
     compact: bool = False,
 ) -> tuple[Any, ColumnDataSource, ColumnDataSource | None, dict[str, np.ndarray] | None]:
-    """``build_timeline``, and the compact columns of every span when the figure carries them or ``compact`` asks."""
+    """The timeline figure with its span source, its state source (None when ``rows.states`` is off) and the compact
+    columns of every span (when the figure carries them, or ``compact`` asks; else None).
+
+    The live dashboard keeps the sources and streams into them (it passes no ``x_range``: a ``DataRange1d`` follows the
+    data). Above ``detail_limit`` spans or state segments the sources start empty and the browser fills them from the
+    compact arrays (the ``timeline raw`` source); cells per pixel column (``cell source``) draw the zoomed-out view.
+    """
     n = len(table["kind"])
     links = launch_links(table)
     rows.add_table(table, links)
@@ -273,7 +115,7 @@ def _timeline(
         webgl = n > webgl_threshold and not large
     if x_range is None:
         x_range = DataRange1d(range_padding=0.02)
-    hover = HoverTool(tooltips=_tooltips(), formatters=_formatters(), name="span hover")
+    hover = HoverTool(tooltips=span_tooltips(), formatters=span_formatters(), name="span hover")
     wheel = WheelZoomTool(dimensions="width")
     pan = PanTool(dimensions="width")
     tap = TapTool()
@@ -283,7 +125,7 @@ def _timeline(
         height=rows.height(row_px),
         x_range=x_range,
         y_range=FactorRange(factors=rows.factors),
-        x_axis_label=_TIME_AXIS,
+        x_axis_label=TIME_AXIS,
         tools=[pan, wheel, BoxZoomTool(dimensions="width"), tap, ResetTool(), SaveTool(), hover],
         active_drag=pan,
         active_scroll=wheel,
@@ -297,38 +139,21 @@ def _timeline(
 
     state_source = None
     if state_data is not None:
-        state_source = ColumnDataSource(_empty(_STATE_COLUMNS) if large else state_data, name="state source")
-        strip = fig.hbar(
-            y="row",
-            left="left",
-            right="right",
-            height=_BAR_HEIGHT,
-            fill_color=factor_cmap("state", [STATE_COLORS[s] for s in STATES], list(STATES)),
-            line_color=None,
-            source=state_source,
-            name="states",
-        )
-        fig.add_tools(
-            HoverTool(
-                renderers=[strip],
-                tooltips=[("state", "@state"), ("start", "@left{0,0.000} ms"), ("duration", "@duration_us{0,0.0} µs")],
-                name="state hover",
-            )
-        )
+        state_source = ColumnDataSource(_empty(STATE_COLUMNS) if large else state_data, name="state source")
+        tips = [("state", "@state"), ("start", "@left{0,0.000} ms"), ("duration", "@duration_us{0,0.0} µs")]
+        _row_bars(fig, state_source, "state", STATE_COLORS, STATES, "states", "state hover", tips)
 
     if large:
-        span_data: dict[str, Any] = _empty(_SPAN_COLUMNS)
+        span_data: dict[str, Any] = _empty(SPAN_COLUMNS)
     else:
         span_data = span_columns(table, rows, t0_ns, links)
         # ranges first, outermost first: each drawn under what it encloses
-        behind = np.lexsort((np.asarray(span_data["depth"]), np.asarray(table["kind"]) != _RANGE))
+        behind = np.lexsort((np.asarray(span_data["depth"]), np.asarray(table["kind"]) != RANGE_KIND))
         span_data = {col: np.asarray(values)[behind] for col, values in span_data.items()}
     span_source = ColumnDataSource(span_data, name="span source")
     style_colors = factor_cmap("style", [STYLE_COLORS[s] for s in STYLES], list(STYLES))
     bars = fig.hbar(
-        y="row",
-        left="left",
-        right="right",
+        **_ON_ROWS,
         height="height",
         fill_color=style_colors,
         fill_alpha="alpha",
@@ -346,9 +171,7 @@ def _timeline(
         {col: np.asarray(span_data[col])[waits] for col in ("left", "right", "row", "height")}, name="wait source"
     )
     fig.hbar(
-        y="row",
-        left="left",
-        right="right",
+        **_ON_ROWS,
         height="height",
         fill_color=None,
         line_color=None,
@@ -396,7 +219,7 @@ def _timeline(
     if large or compact:
         columns, names = compact_columns(table, rows, t0_ns, state_data, links)
     raw = None
-    cell_data: Mapping[str, Any] = _empty(_CELL_COLUMNS)
+    cell_data: Mapping[str, Any] = _empty(CELL_COLUMNS)
     if large and columns is not None:
         raw = ColumnDataSource(columns, name="timeline raw")
         lo, hi = _extent(table, t0_ns)
@@ -404,36 +227,20 @@ def _timeline(
         first = _aggregate_columns(columns, lo - pad, hi + pad, width // CELL_PX, len(rows.top_to_bottom))
         cell_data = cell_columns(first, rows.top_to_bottom)
     cells = ColumnDataSource(cell_data, name="cell source")
-    cell_bars = fig.hbar(
-        y="row",
-        left="left",
-        right="right",
-        height=_BAR_HEIGHT,
-        fill_color=factor_cmap("style", [_ALL_COLORS[s] for s in ALL_STYLES], list(ALL_STYLES)),
-        fill_alpha="alpha",
-        line_color=None,
-        source=cells,
-        name="cells",
-    )
-    fig.add_tools(
-        HoverTool(
-            renderers=[cell_bars],
-            tooltips=[
-                ("row", "@row"),
-                ("from", "@left{0,0.000} ms"),
-                ("to", "@right{0,0.000} ms"),
-                ("spans starting here", "@count{0,0}"),
-                ("busy", "@busy{0.0%}"),
-                ("mostly", "@style"),
-            ],
-            name="cell hover",
-        )
-    )
+    tips = [
+        ("row", "@row"),
+        ("from", "@left{0,0.000} ms"),
+        ("to", "@right{0,0.000} ms"),
+        ("spans starting here", "@count{0,0}"),
+        ("busy", "@busy{0.0%}"),
+        ("mostly", "@style"),
+    ]
+    _row_bars(fig, cells, "style", ALL_COLORS, ALL_STYLES, "cells", "cell hover", tips, fill_alpha="alpha")
     view = CustomJS(
         args={
             "fig": fig,
             "spans": span_source,
-            "states": state_source or ColumnDataSource(_empty(_STATE_COLUMNS)),
+            "states": state_source or ColumnDataSource(_empty(STATE_COLUMNS)),
             "agg": cells,
             "waits": wait_source,
             "labels": labels,
@@ -444,25 +251,40 @@ def _timeline(
             "copies": ["h2d", "d2h", "d2d"],
             "inks": dict(STYLE_INK),
             "n_styles": len(STYLES),
-            "wait_style": _WAIT_STYLE,
+            "wait_style": WAIT_STYLE,
             "kind_of_wait": KIND_CODE["api"],
             "limit": detail_limit,
             "max_dur": float(columns["dur"].max()) if raw is not None and columns is not None else 0.0,
-            "char_px": _CHAR_PX,
+            "char_px": CHAR_PX,
             "busy_steps": BUSY_STEPS,
             "cell_px": CELL_PX,
-            "heights": _HEIGHT.tolist(),
-            "alphas": _ALPHA.tolist(),
-            "range_style": _RANGE,
-            "nest_shrink": _NEST_SHRINK,
-            "nest_min": _NEST_MIN,
+            "heights": KIND_HEIGHTS.tolist(),
+            "alphas": KIND_ALPHAS.tolist(),
+            "range_style": RANGE_KIND,
+            "nest_shrink": NEST_SHRINK,
+            "nest_min": NEST_MIN,
         },
         code=timeline_js.VIEW,
     )
     _follow(fig, view)
     present = np.unique(span_styles(table)).tolist() if n else []
-    _legends(fig, [STYLES[s] for s in present], rows.states)
+    add_legends(fig, [STYLES[s] for s in present], rows.states)
     return fig, span_source, state_source, columns
+
+
+def _row_bars(fig: Any, source: ColumnDataSource, column: str, colors: Mapping[str, str], factors: Sequence[str],
+              name: str, hover: str, tooltips: list[tuple[str, str]], **glyph: Any) -> None:  # fmt: skip
+    """Bars of ``source`` on their rows, coloured by ``column`` (one of ``factors``), with a hover of their own."""
+    bars = fig.hbar(
+        **_ON_ROWS,
+        height=BAR_HEIGHT,
+        fill_color=factor_cmap(column, [colors[f] for f in factors], list(factors)),
+        line_color=None,
+        source=source,
+        name=name,
+        **glyph,
+    )
+    fig.add_tools(HoverTool(renderers=[bars], tooltips=tooltips, name=hover))
 
 
 def _aggregate_columns(columns: Mapping[str, np.ndarray], lo: float, hi: float, bins: int, n_rows: int) -> dict:
@@ -498,75 +320,29 @@ def timeline_figure(
     *,
     t0_ns: int | None = None,
     states: bool = True,
-    title: str = "timeline",
-    width: int = 1000,
-    row_px: int = 26,
-    webgl: bool | None = None,
-    webgl_threshold: int = WEBGL_THRESHOLD,
-    detail_limit: int = DETAIL_LIMIT,
+    overview: bool = False,
+    **options: Any,
 ) -> Any:
     """A Bokeh figure of the spans: a row per (device, stream) and host thread, a colour per kind, launch links, the
-    8 states under each device.
+    8 states under each device, on a fixed x range (the spans' extent, padded).
 
-    ``t0_ns`` is time zero of the ms axis (default: the first span's start); WebGL draws it above ``webgl_threshold``
-    spans unless ``webgl`` says otherwise; above ``detail_limit`` spans the browser draws what is in view (module
-    docstring). Builds from arrays: 10^5 spans take a fraction of a second, 10^6 a few seconds.
+    ``t0_ns`` is time zero of the ms axis (default: the first span's start); ``overview`` puts the overview strip
+    under it (``timeline_view``). ``options`` are ``build_timeline``'s: ``title``, ``width`` (px), ``row_px``,
+    ``webgl`` (default: above ``webgl_threshold`` spans) and ``detail_limit`` (above it the browser draws what is in
+    view: module docstring). Builds from arrays: 10^5 spans take a fraction of a second, 10^6 a few seconds.
     """
-    return _static(
-        table,
-        device_names,
-        stream_labels,
-        t0_ns,
-        states,
-        title,
-        width,
-        row_px,
-        webgl,
-        webgl_threshold,
-        detail_limit,
-        overview=False,
-    )
-
-
-def _static(
-    table: Mapping[str, np.ndarray],
-    device_names: Mapping[int, str] | None,
-    stream_labels: Mapping[tuple[int, int], str] | None,
-    t0_ns: int | None,
-    states: bool,
-    title: str,
-    width: int,
-    row_px: int,
-    webgl: bool | None,
-    webgl_threshold: int,
-    detail_limit: int,
-    overview: bool,
-) -> Any:
-    """A timeline on a fixed x range (the trace's extent, padded), alone or above its overview strip."""
     if t0_ns is None:
         t0_ns = int(np.min(table["start_ns"])) if len(table["start_ns"]) else 0
     lo, hi = _extent(table, t0_ns)
     pad = 0.02 * (hi - lo)
     x_range = Range1d(start=lo - pad, end=hi + pad, bounds=(lo - pad, hi + pad), name="timeline x range")
     rows = RowLayout(device_names, stream_labels, states=states)
-    fig, _, _, columns = _timeline(
-        table,
-        rows,
-        t0_ns,
-        title=title,
-        width=width,
-        row_px=row_px,
-        webgl=webgl,
-        webgl_threshold=webgl_threshold,
-        x_range=x_range,
-        detail_limit=detail_limit,
-        compact=overview,
-    )
+    fig, _, _, columns = build_timeline(table, rows, t0_ns, x_range=x_range, compact=overview, **options)
     if not overview or columns is None:
         return fig
     from bokeh.layouts import column
 
-    strip = overview_figure(fig, columns, rows.top_to_bottom, (lo, hi), width=width)
+    strip = overview_figure(fig, columns, rows.top_to_bottom, (lo, hi), width=fig.width)
     return column(fig, strip, sizing_mode="stretch_width", name="timeline view")
 
 
@@ -583,7 +359,7 @@ def overview_figure(
         width=width,
         x_range=Range1d(start=lo - pad, end=hi + pad, name="overview x range"),
         y_range=FactorRange(factors=rows[::-1]),
-        x_axis_label=_TIME_AXIS + "; drag the box to move the view, its edges to zoom",
+        x_axis_label=TIME_AXIS + "; drag the box to move the view, its edges to zoom",
         tools="",
         toolbar_location=None,
         sizing_mode="stretch_width",
@@ -594,11 +370,9 @@ def overview_figure(
     overview.xaxis.axis_label_text_font_size = "8pt"
     cells = _aggregate_columns(columns, lo - pad, hi + pad, width, len(rows))
     overview.hbar(
-        y="row",
-        left="left",
-        right="right",
+        **_ON_ROWS,
         height=1.0,
-        fill_color=factor_cmap("style", [_ALL_COLORS[s] for s in ALL_STYLES], list(ALL_STYLES)),
+        fill_color=factor_cmap("style", [ALL_COLORS[s] for s in ALL_STYLES], list(ALL_STYLES)),
         fill_alpha="alpha",
         line_color=None,
         source=ColumnDataSource(cell_columns(cells, rows), name="overview cell source"),
@@ -615,31 +389,11 @@ def timeline_view(
     table: Mapping[str, np.ndarray],
     device_names: Mapping[int, str] | None = None,
     stream_labels: Mapping[tuple[int, int], str] | None = None,
-    *,
-    t0_ns: int | None = None,
-    states: bool = True,
-    title: str = "timeline",
-    width: int = 1000,
-    row_px: int = 26,
-    webgl: bool | None = None,
-    webgl_threshold: int = WEBGL_THRESHOLD,
-    detail_limit: int = DETAIL_LIMIT,
+    **options: Any,
 ) -> Any:
-    """``timeline_figure`` above its overview strip, as one Bokeh column (the figure is its first child)."""
-    return _static(
-        table,
-        device_names,
-        stream_labels,
-        t0_ns,
-        states,
-        title,
-        width,
-        row_px,
-        webgl,
-        webgl_threshold,
-        detail_limit,
-        overview=True,
-    )
+    """``timeline_figure`` above its overview strip, as one Bokeh column (the figure is its first child); ``options``
+    are ``timeline_figure``'s."""
+    return timeline_figure(table, device_names, stream_labels, overview=True, **options)
 
 
 def device_names(trace: Any) -> dict[int, str]:

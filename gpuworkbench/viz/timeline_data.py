@@ -32,8 +32,10 @@ LINK_COLOR = "#e7298a"
 CELL_PX = 2
 #: Busy fractions are drawn in this many steps of opacity; neighbouring cells in the same step merge into one bar.
 BUSY_STEPS = 8
-_ALL_COLORS: dict[str, str] = {**STYLE_COLORS, **STATE_COLORS}
-_SPAN_COLUMNS = (
+#: The colour of every key in ``ALL_STYLES``.
+ALL_COLORS: dict[str, str] = {**STYLE_COLORS, **STATE_COLORS}
+#: The columns of the span, state and cell sources (``span_columns``, ``state_columns``, ``cell_columns``).
+SPAN_COLUMNS = (
     "left",
     "right",
     "row",
@@ -52,27 +54,30 @@ _SPAN_COLUMNS = (
     "alpha",
     "depth",
 )
-_STATE_COLUMNS = ("left", "right", "row", "state", "duration_us")
-_CELL_COLUMNS = ("left", "right", "row", "style", "count", "busy", "alpha")
+STATE_COLUMNS = ("left", "right", "row", "state", "duration_us")
+CELL_COLUMNS = ("left", "right", "row", "style", "count", "busy", "alpha")
 
 _KIND_NAMES = np.array(KINDS, dtype=object)
 _STYLE_NAMES = np.array(STYLES, dtype=object)
 _COPY_KINDS = np.array([k in ("h2d", "d2h", "d2d") for k in KINDS])
 _HOST_KIND = np.array([k in HOST_KINDS for k in KINDS])
-_WAIT_STYLE = STYLES.index(HOST_WAIT)
+#: The style code of host waits (hatched).
+WAIT_STYLE = STYLES.index(HOST_WAIT)
 
 
-_BAR_HEIGHT = 0.8
+#: A bar's height in its row (rows are 1 apart).
+BAR_HEIGHT = 0.8
 # Host ranges enclose the calls made inside them: drawn first, taller and translucent, calls on top and thinner.
-_RANGE = KIND_CODE["range"]
-_HEIGHT = np.array([0.9 if k == "range" else 0.55 if k == "api" else _BAR_HEIGHT for k in KINDS])
-_ALPHA = np.array([0.45 if k == "range" else 1.0 for k in KINDS])
+RANGE_KIND = KIND_CODE["range"]
+#: Per kind code: a bar's height and opacity.
+KIND_HEIGHTS = np.array([0.9 if k == "range" else 0.55 if k == "api" else BAR_HEIGHT for k in KINDS])
+KIND_ALPHAS = np.array([0.45 if k == "range" else 1.0 for k in KINDS])
 #: A range nested d deep in others on its row is drawn this much shorter per level (centred, never below the minimum),
 #: so that nesting reads as bars inside bars (a PyTorch profile nests cpu_ops 5-10 deep).
-_NEST_SHRINK, _NEST_MIN = 0.8, 0.25
-_AXIS_PX = 90  # room for the title, the x axis and the toolbar
-_CHAR_PX = 6.2  # mean width of an 8pt character, to decide whether a name fits on its bar
-_TIME_AXIS = "time since trace start (ms)"
+NEST_SHRINK, NEST_MIN = 0.8, 0.25
+AXIS_PX = 90  # room for the title, the x axis and the toolbar
+CHAR_PX = 6.2  # mean width of an 8pt character, to decide whether a name fits on its bar
+TIME_AXIS = "time since trace start (ms)"  # the x axis's label
 
 
 def _row_key(devices: np.ndarray, streams: np.ndarray) -> np.ndarray:
@@ -195,7 +200,7 @@ class RowLayout:
     def height(self, row_px: int) -> int:
         """Figure height in pixels for ``row_px`` per row."""
         # The rows, the axis and the two legends under it (a few lines each), so that narrow views keep their plot.
-        return _AXIS_PX + _LEGENDS_PX + row_px * max(len(self._label_of) + len(self._state_label_of), 1)
+        return AXIS_PX + LEGENDS_PX + row_px * max(len(self._label_of) + len(self._state_label_of), 1)
 
 
 def host_waits(table: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -214,7 +219,7 @@ def host_waits(table: Mapping[str, np.ndarray]) -> np.ndarray:
 def span_styles(table: Mapping[str, np.ndarray]) -> np.ndarray:
     """The style code (index in ``palette.STYLES``) of every span: its kind, or host wait for a blocking call."""
     style = np.asarray(table["kind"], dtype=np.int64).copy()
-    style[host_waits(table)] = _WAIT_STYLE
+    style[host_waits(table)] = WAIT_STYLE
     return style
 
 
@@ -325,15 +330,15 @@ def span_columns(
         "call_row": call_row,
         "launch_us": np.where(linked, links["latency_ns"] / 1e3, nan),
         "queue_us": np.where(linked, links["queue_ns"] / 1e3, nan),
-        "height": nested_heights(_HEIGHT[kind], depth),
-        "alpha": _ALPHA[kind],
+        "height": nested_heights(KIND_HEIGHTS[kind], depth),
+        "alpha": KIND_ALPHAS[kind],
         "depth": depth,
     }
 
 
 def nested_heights(heights: np.ndarray, depth: np.ndarray) -> np.ndarray:
     """Bar heights of spans ``depth`` ranges deep (``timeline_js.VIEW`` computes the same for a large trace)."""
-    return np.where(depth > 0, np.maximum(heights * _NEST_SHRINK ** np.minimum(depth, 64), _NEST_MIN), heights)
+    return np.where(depth > 0, np.maximum(heights * NEST_SHRINK ** np.minimum(depth, 64), NEST_MIN), heights)
 
 
 def range_depths(table: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -343,7 +348,7 @@ def range_depths(table: Mapping[str, np.ndarray]) -> np.ndarray:
     outside. A range that only overlaps another (neither holds the other) is not counted inside it."""
     kind = np.asarray(table["kind"])
     depth = np.zeros(kind.size, np.int64)
-    ranges = np.flatnonzero(kind == _RANGE)
+    ranges = np.flatnonzero(kind == RANGE_KIND)
     if ranges.size < 2:
         return depth
     device = np.asarray(table["device"], np.int64)[ranges]
@@ -478,7 +483,7 @@ def compact_columns(
     return columns, list(names)
 
 
-_LEGENDS_PX = 150  # two legends under the plot: kinds in up to 2 lines of 6, states in 4 lines of 2, with titles
+LEGENDS_PX = 150  # two legends under the plot: kinds in up to 2 lines of 6, states in 4 lines of 2, with titles
 
 
 def cell_columns(cells: Mapping[str, np.ndarray], row_names: list[str]) -> dict[str, Any]:
@@ -490,7 +495,7 @@ def cell_columns(cells: Mapping[str, np.ndarray], row_names: list[str]) -> dict[
     busy = np.asarray(cells["busy"], dtype=np.float64)
     step = np.rint(busy * BUSY_STEPS).astype(np.int64)
     if row.size == 0:
-        return {col: [] for col in _CELL_COLUMNS}
+        return {col: [] for col in CELL_COLUMNS}
     new = np.ones(row.size, dtype=bool)
     new[1:] = (row[1:] != row[:-1]) | (style[1:] != style[:-1]) | (step[1:] != step[:-1]) | (bin_[1:] != bin_[:-1] + 1)
     first = np.flatnonzero(new)

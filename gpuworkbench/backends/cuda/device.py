@@ -1,0 +1,555 @@
+"""A CUDA (or HIP) device through CuPy: cudaMalloc'd buffers, non-blocking streams, pooled events, NVRTC kernels.
+
+Timed ops are bracketed by two pooled CUDA events and measured against a per-device epoch event; this is the
+fallback timing source (CUPTI, used by the trace when present, is exact). Copies from pageable host memory are staged
+through pinned chunks filled by several threads, which is much faster than the driver's own pageable path.
+The ROCm backend (``backends/rocm.py``) runs this code with CuPy's HIP build.
+
+While a persistent kernel runs (``persistent.py``) nothing here may wait for the whole device, which would then wait
+forever: cudaFree and cudaFreeHost are deferred until the last one stops (memory allocated meanwhile comes from
+cudaMallocAsync and is freed stream-ordered), and compiling is refused, as loading a new module may synchronize the
+context (lazy loading). All three were seen waiting for a looping kernel on an H200
+(benchmarks/probes/persistent_probe.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ...errors import CompileError, InvalidArgument, OutOfMemory
+from ..base import (
+    PORTABLE_LIMITS,
+    BackendDevice,
+    BufferArg,
+    Caps,
+    ClockSample,
+    DeviceInfo,
+    DoneCompletion,
+    KernelLimits,
+    LazyCompletion,
+    PeerRoute,
+    PinnedArray,
+    StreamMarks,
+    host_address,
+    wrap_pinned,
+)
+from .events import CudaCompletion, Epoch, EventPool, load_cupy
+from .launch import CONTEXT_ERROR, PackedLaunch, PreparedLaunch, packed, prepare
+from .peers import enable_peer
+
+CAPS = Caps(
+    concurrent_streams=True,
+    pinned_memory=True,
+    memory_free_known=True,
+    graphs="native",
+    timestamps="events",
+    kernel_language="cuda",
+    device_pointers=True,
+)
+_H2D, _D2H, _D2D = 1, 2, 3  # cudaMemcpyKind
+_STAGE_MIN = 1 << 20  # pageable copies smaller than this go straight to the driver
+_STAGE_CHUNK = 8 << 20
+_STAGE_SLOTS = 4
+_STAGE_THREADS = 4
+_ATTR_MEMORY_POOLS = 115  # cudaDevAttrMemoryPoolsSupported: cudaMallocAsync works
+_HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped (hipHostMallocMapped): the device reads and writes it directly
+IN_GRAPH = DoneCompletion()  # what an op enqueued during stream capture returns: it runs only when the graph does
+
+
+class _Pinned:
+    """Owner of one pinned host allocation (CuPy's pinned memory pointer)."""
+
+    def __init__(self, mem: Any) -> None:
+        self.mem = mem
+
+
+class CudaDevice(BackendDevice):
+    """One CUDA (or HIP) device through CuPy."""
+
+    def __init__(self, info: DeviceInfo, caps: Caps) -> None:
+        cupy = load_cupy()
+        self.info, self.caps = info, caps
+        self._id = info.index
+        self._rt = cupy.cuda.runtime
+        self._get_device = self._rt.getDevice
+        self._rt.setDevice(self._id)
+        self._timed_events = EventPool(timing=True)
+        self._plain_events = EventPool(timing=False)
+        self._pools = (self._timed_events, self._plain_events)
+        self._clock_stream = cupy.cuda.Stream(non_blocking=True)
+        self._epoch: Epoch | None = None
+        self._stage_lock = threading.Lock()
+        self._stage_slots: list[tuple[np.ndarray, Any]] | None = None
+        self._stage_threads: ThreadPoolExecutor | None = None
+        self._capturing: set[int] = set()  # pointers of streams in stream capture: no timing events recorded there
+        self._persistent_lock = threading.Lock()
+        self._persistent = 0  # persistent kernels running now: nothing may wait for the whole device meanwhile
+        self._deferred: list[tuple[str, int]] = []  # ("device" | "host", pointer) freed once none runs
+        self._async_ptrs: set[int] = set()  # allocated with cudaMallocAsync while one ran: freed stream-ordered
+        self._side_stream: Any = None
+        self._limits: KernelLimits | None = None
+        self._peer_routes: dict[int, PeerRoute] = {}  # source device ordinal -> how copies from it travel
+        self._marks: dict[int, StreamMarks] = {}  # stream pointer -> its untimed ops' on-demand completions
+        #: (CuPy function, grid, block, argument types) -> slots its launches are packed into (None: CuPy launches it)
+        self._packed: dict[tuple, PackedLaunch | None] = {}
+        # repeated launches go straight to cuLaunchKernel (CUDA only: HIP launches through CuPy)
+        self._driver = None if self._rt.is_hip else cupy.cuda.driver
+        self.clock_sample()
+
+    def _use(self) -> None:
+        if self._rt.getDevice() != self._id:
+            self._rt.setDevice(self._id)
+
+    # ------------------------------------------------------------------ memory
+    def memory_info(self) -> tuple[int, int]:
+        self._use()
+        free, total = self._rt.memGetInfo()
+        return int(free), int(total)
+
+    def alloc(self, nbytes: int) -> int:
+        if nbytes == 0:
+            return 0
+        self._use()
+        try:
+            if self._persistent:
+                return self._alloc_beside_persistent(nbytes)
+            return int(self._rt.malloc(nbytes))
+        except self._rt.CUDARuntimeError as exc:
+            free, total = self.memory_info()
+            if "MemoryAllocation" in str(exc) or "out of memory" in str(exc).lower():
+                raise OutOfMemory(nbytes, free, total, f"{self.info.backend}:{self._id}") from None
+            raise
+
+    def free(self, handle: int) -> None:
+        if not handle:
+            return
+        self._use()
+        with self._persistent_lock:
+            if handle in self._async_ptrs:
+                self._async_ptrs.discard(handle)
+                self._rt.freeAsync(handle, self._side().ptr)  # stream-ordered: waits for no other stream
+                return
+            if self._persistent:
+                self._deferred.append(("device", handle))  # cudaFree may wait for every kernel, the endless one too
+                return
+        self._rt.free(handle)
+
+    def _side(self) -> Any:
+        if self._side_stream is None:
+            self._side_stream = load_cupy().cuda.Stream(non_blocking=True)
+        return self._side_stream
+
+    def _alloc_beside_persistent(self, nbytes: int) -> int:
+        """cudaMallocAsync on a private stream: the stream-ordered allocator never waits for other streams' kernels."""
+        rt = self._rt
+        pools = not rt.is_hip and rt.deviceGetAttribute(_ATTR_MEMORY_POOLS, self._id)
+        if not pools:
+            raise InvalidArgument(
+                f"cannot allocate on {self.info.backend}:{self._id} while a persistent kernel runs: its allocator may "
+                "wait for every kernel, and that one never ends; allocate before starting it, or stop() it first"
+            )
+        side = self._side()
+        ptr = int(rt.mallocAsync(nbytes, side.ptr))
+        side.synchronize()  # the memory is usable from every stream once this private stream has reached it
+        with self._persistent_lock:
+            self._async_ptrs.add(ptr)
+        return ptr
+
+    # ------------------------------------------------------------------ persistent kernels (persistent.py)
+    def alloc_mapped(self, nbytes: int) -> tuple[np.ndarray, int, int]:
+        """Zeroed page-locked host memory the device reads and writes directly: (host view, host ptr, device ptr)."""
+        self._use()
+        host = int(self._rt.hostAlloc(nbytes, _HOST_ALLOC_MAPPED))
+        try:
+            try:
+                device = int(self._rt.hostGetDevicePointer(host, 0))
+            except (AttributeError, TypeError):  # not in this CuPy: the driver reports the mapping's device address
+                device = int(self._rt.pointerGetAttributes(host).devicePointer)
+        except Exception:
+            self._rt.freeHost(host)
+            raise
+        view = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(host), dtype=np.uint8)
+        view[:] = 0
+        return view, host, device
+
+    def free_mapped(self, host: int) -> None:
+        """Release memory from ``alloc_mapped``; deferred while any persistent kernel still runs."""
+        with self._persistent_lock:
+            if self._persistent:
+                self._deferred.append(("host", host))
+                return
+        self._use()
+        self._rt.freeHost(host)
+
+    def persistent_started(self) -> None:
+        """A persistent kernel is about to launch: from now on frees are deferred and compiles refused."""
+        with self._persistent_lock:
+            self._persistent += 1
+
+    def persistent_stopped(self) -> None:
+        """A persistent kernel has exited; once none runs, release what was deferred meanwhile."""
+        with self._persistent_lock:
+            self._persistent -= 1
+            if self._persistent:
+                return
+            deferred, self._deferred = self._deferred, []
+        self._use()
+        for kind, ptr in deferred:
+            (self._rt.free if kind == "device" else self._rt.freeHost)(ptr)
+
+    def device_pointer(self, handle: int) -> int:
+        return int(handle)
+
+    def empty_pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        self._use()
+        count = int(np.prod(shape, dtype=np.int64))
+        mem = load_cupy().cuda.alloc_pinned_memory(max(count * dtype.itemsize, 1))
+        raw = np.frombuffer(mem, dtype=dtype, count=count).reshape(shape)
+        return wrap_pinned(raw, _Pinned(mem))
+
+    def is_pinned(self, array: np.ndarray) -> bool:
+        if array.nbytes == 0:
+            return True
+        if isinstance(array, PinnedArray) and array.pinned_owner is not None:
+            return True  # ours (empty_pinned): no driver query needed
+        try:
+            attrs = self._rt.pointerGetAttributes(array.ctypes.data)
+        except self._rt.CUDARuntimeError:
+            return False
+        return int(attrs.type) == 1  # cudaMemoryTypeHost: page-locked (ours, CuPy's, PyTorch's or registered)
+
+    # ------------------------------------------------------------------ streams and events
+    def create_stream(self) -> Any:
+        self._use()
+        stream = load_cupy().cuda.Stream(non_blocking=True)
+        self._marks[stream.ptr] = StreamMarks(lambda: self._mark(stream))
+        return stream
+
+    def destroy_stream(self, stream: Any) -> None:
+        stream.synchronize()
+        marks = self._marks.pop(stream.ptr, None)
+        if marks is not None:
+            marks.closed = True  # its ops are done; a completion asked for later records nothing
+
+    def _begin(self, stream: Any, timed: bool) -> Any:
+        if not timed:
+            return None
+        start = self._timed_events.take()
+        start.record(stream)
+        return start
+
+    def _finish(self, stream: Any, start: Any) -> Any:
+        ptr = stream.ptr
+        if self._capturing and ptr in self._capturing:
+            return IN_GRAPH  # an event recorded now would be a capture node that no one may query
+        if start is None:  # untimed: no event now; one is recorded on this stream when the completion is asked for
+            marks = self._marks.get(ptr)
+            if marks is not None:
+                number = marks.issued = next(marks.numbers)  # StreamMarks.enqueued, inlined
+                return LazyCompletion(marks, number)
+            return self._mark(stream)
+        end = self._timed_events.take()
+        end.record(stream)
+        return CudaCompletion(end, start, self._epoch, self._pools)
+
+    def _mark(self, stream: Any) -> CudaCompletion:
+        """An event recorded on ``stream`` now (any thread may ask: the harvester, a waiting stream's thread)."""
+        self._use()
+        end = self._plain_events.take()
+        end.record(stream)
+        return CudaCompletion(end, None, None, self._pools)
+
+    def record(self, stream: Any) -> CudaCompletion:
+        self._use()
+        if self._capturing and stream.ptr in self._capturing:
+            return IN_GRAPH
+        return self._mark(stream)  # an explicit marker: recorded now, not on demand
+
+    def wait_event(self, stream: Any, completion: Any) -> None:
+        if type(completion) is LazyCompletion:
+            completion = completion.resolve()  # may record on another device's stream
+            self._use()
+        if isinstance(completion, CudaCompletion):
+            stream.wait_event(completion.end)
+        else:
+            completion.wait()
+
+    def synchronize_stream(self, stream: Any) -> None:
+        stream.synchronize()
+
+    # ------------------------------------------------------------------ copies
+    def copy_h2d(self, dst: int, offset: int, src: np.ndarray, stream: Any, timed: bool) -> CudaCompletion:
+        if self._get_device() != self._id:  # _use, inlined (small copies are a launch path)
+            self._rt.setDevice(self._id)
+        start = self._begin(stream, timed) if timed else None
+        nbytes = src.nbytes
+        if nbytes >= _STAGE_MIN and not self.is_pinned(src):
+            self._staged_h2d(dst + offset, src, stream)
+        elif nbytes:
+            self._rt.memcpyAsync(dst + offset, host_address(src), nbytes, _H2D, stream.ptr)
+        return self._finish(stream, start)
+
+    def copy_d2h(self, dst: np.ndarray, src: int, offset: int, stream: Any, timed: bool) -> CudaCompletion:
+        if self._get_device() != self._id:  # _use, inlined
+            self._rt.setDevice(self._id)
+        start = self._begin(stream, timed) if timed else None
+        nbytes = dst.nbytes
+        if nbytes >= _STAGE_MIN and not self.is_pinned(dst):
+            self._staged_d2h(dst, src + offset, stream)
+        elif nbytes:
+            self._rt.memcpyAsync(host_address(dst), src + offset, nbytes, _D2H, stream.ptr)
+        return self._finish(stream, start)
+
+    def copy_d2d(
+        self, dst: int, dst_offset: int, src: int, src_offset: int, nbytes: int, stream: Any, timed: bool
+    ) -> CudaCompletion:
+        self._use()
+        start = self._begin(stream, timed)
+        if nbytes:
+            self._rt.memcpyAsync(dst + dst_offset, src + src_offset, nbytes, _D2D, stream.ptr)
+        return self._finish(stream, start)
+
+    def fill(self, dst: int, nbytes: int, byte: int, stream: Any, timed: bool) -> CudaCompletion:
+        self._use()
+        start = self._begin(stream, timed)
+        if nbytes:
+            self._rt.memsetAsync(dst, byte, nbytes, stream.ptr)
+        return self._finish(stream, start)
+
+    # ------------------------------------------------------------------ peer copies
+    def peer_route(self, src: BackendDevice) -> PeerRoute:
+        """Direct where ``cudaDeviceCanAccessPeer`` says so and peer access could be enabled (both ways, once per
+        pair); otherwise ``cudaMemcpyPeerAsync`` stages the copy through host memory in the driver."""
+        if not isinstance(src, CudaDevice):
+            return PeerRoute(False, False)
+        route = self._peer_routes.get(src._id)
+        if route is None:
+            possible = bool(self._rt.deviceCanAccessPeer(self._id, src._id))
+            direct = possible and enable_peer(self._rt, self._id, src._id)
+            if direct and self._rt.deviceCanAccessPeer(src._id, self._id):
+                enable_peer(self._rt, src._id, self._id)
+            self._use()
+            route = self._peer_routes[src._id] = PeerRoute(direct, possible)
+        return route
+
+    def copy_peer(
+        self, dst: int, src_device: BackendDevice, src: int, nbytes: int, stream: Any, timed: bool
+    ) -> CudaCompletion:
+        if not isinstance(src_device, CudaDevice):
+            return super().copy_peer(dst, src_device, src, nbytes, stream, timed)
+        self._use()
+        start = self._begin(stream, timed)
+        if nbytes:
+            self._rt.memcpyPeerAsync(dst, self._id, src, src_device._id, nbytes, stream.ptr)
+        return self._finish(stream, start)
+
+    # ------------------------------------------------------------------ pageable staging
+    def _stage(self) -> tuple[list[tuple[np.ndarray, Any]], ThreadPoolExecutor]:
+        if self._stage_slots is None:
+            slots = []
+            for _ in range(_STAGE_SLOTS):
+                mem = load_cupy().cuda.alloc_pinned_memory(_STAGE_CHUNK)
+                slots.append([np.frombuffer(mem, dtype=np.uint8, count=_STAGE_CHUNK), None])
+            self._stage_slots = slots
+            self._stage_threads = ThreadPoolExecutor(_STAGE_THREADS, thread_name_prefix="gpuworkbench-stage")
+        return self._stage_slots, self._stage_threads
+
+    def _parallel_copy(self, pool: ThreadPoolExecutor, dst: np.ndarray, src: np.ndarray) -> None:
+        """memcpy with several threads (NumPy releases the GIL), as one thread cannot fill PCIe from pageable memory."""
+        n = dst.nbytes
+        step = -(-n // _STAGE_THREADS)
+        parts = [(i, min(i + step, n)) for i in range(0, n, step)]
+        list(pool.map(lambda r: np.copyto(dst[r[0] : r[1]], src[r[0] : r[1]]), parts))
+
+    def _staged_h2d(self, dst_ptr: int, src: np.ndarray, stream: Any) -> None:
+        """Returns once every chunk is staged (as the driver's pageable copy does); the copies run on ``stream``."""
+        flat = src.reshape(-1).view(np.uint8)
+        with self._stage_lock:
+            slots, pool = self._stage()
+            for k, pos in enumerate(range(0, flat.nbytes, _STAGE_CHUNK)):
+                slot = slots[k % _STAGE_SLOTS]
+                if slot[1] is not None:
+                    slot[1].synchronize()  # this pinned chunk's previous upload must have left it
+                n = min(_STAGE_CHUNK, flat.nbytes - pos)
+                self._parallel_copy(pool, slot[0][:n], flat[pos : pos + n])
+                self._rt.memcpyAsync(dst_ptr + pos, slot[0].ctypes.data, n, _H2D, stream.ptr)
+                event = slot[1] or self._plain_events.take()
+                event.record(stream)
+                slot[1] = event
+
+    def _staged_d2h(self, dst: np.ndarray, src_ptr: int, stream: Any) -> None:
+        """Blocks until the data is in ``dst`` (pageable memory cannot be written by the device directly)."""
+        flat = dst.reshape(-1).view(np.uint8)
+        with self._stage_lock:
+            slots, pool = self._stage()
+            inflight: list[tuple[int, int, int]] = []  # (slot, pos, n)
+            for k, pos in enumerate(range(0, flat.nbytes, _STAGE_CHUNK)):
+                i = k % _STAGE_SLOTS
+                if len(inflight) == _STAGE_SLOTS:
+                    self._drain(slots, pool, flat, *inflight.pop(0))
+                slot = slots[i]
+                n = min(_STAGE_CHUNK, flat.nbytes - pos)
+                self._rt.memcpyAsync(slot[0].ctypes.data, src_ptr + pos, n, _D2H, stream.ptr)
+                event = slot[1] or self._plain_events.take()
+                event.record(stream)
+                slot[1] = event
+                inflight.append((i, pos, n))
+            for item in inflight:
+                self._drain(slots, pool, flat, *item)
+
+    def _drain(self, slots: list, pool: ThreadPoolExecutor, flat: np.ndarray, i: int, pos: int, n: int) -> None:
+        slots[i][1].synchronize()
+        self._parallel_copy(pool, flat[pos : pos + n], slots[i][0][:n])
+
+    # ------------------------------------------------------------------ kernels
+    def compile(self, source: Any, name: str, options: Sequence[str]) -> Any:
+        cupy = load_cupy()
+        if not isinstance(source, str):
+            raise InvalidArgument(f"the {self.info.backend} backend compiles CUDA C source (a str), not {type(source)}")
+        if self._persistent:
+            raise InvalidArgument(
+                f"cannot compile {name!r} while a persistent kernel runs on {self.info.backend}:{self._id}: loading "
+                "a module may wait for every running kernel (lazy loading), and that one never ends; compile "
+                "before starting it, or stop() it first"
+            )
+        self._use()
+        try:
+            module = cupy.RawModule(code=source, options=tuple(options))
+            kernel = module.get_function(name)
+            kernel.compile() if hasattr(kernel, "compile") else None
+        except cupy.cuda.compiler.CompileException as exc:
+            raise CompileError(name, exc.get_message() if hasattr(exc, "get_message") else str(exc), source) from None
+        except cupy.cuda.driver.CUDADriverError as exc:
+            raise CompileError(
+                name, f'no kernel named {name!r} in the module ({exc}); use extern "C"', source
+            ) from None
+        return getattr(kernel, "kernel", kernel)
+
+    def kernel_limits(self) -> KernelLimits:
+        if self._limits is None:  # the device's properties: read once, no synchronization
+            props, portable = self._rt.getDeviceProperties(self._id), PORTABLE_LIMITS
+            x, y, z = (int(d) for d in props.get("maxThreadsDim", portable.dims))
+            threads = int(props.get("maxThreadsPerBlock", portable.threads))
+            self._limits = KernelLimits(threads, (x, y, z), int(props.get("sharedMemPerBlock", portable.shared_bytes)))
+        return self._limits
+
+    def launch(
+        self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: Any, timed: bool
+    ) -> CudaCompletion:
+        self._use()
+        values = tuple([np.uint64(a.handle) if type(a) is BufferArg else a for a in args])
+        start = self._begin(stream, timed) if timed else None
+        slots = None
+        if self._driver is not None and not self._capturing:
+            key = (kernel, grid, block, *map(type, values))
+            slots = self._packed.get(key, False)
+            if slots is False:  # once per kernel, dims and argument types: None where CuPy's call must launch it
+                if len(self._packed) >= 1024:
+                    self._packed.clear()
+                slots = self._packed[key] = packed(self._driver.launchKernel, kernel.ptr, grid, block, key[3:])
+        if slots is None:
+            kernel(grid, block, values, stream=stream)
+        else:
+            try:
+                slots.launch(stream.ptr, values)
+            except self._driver.CUDADriverError as exc:
+                if exc.status != CONTEXT_ERROR:
+                    raise
+                self._rt.setDevice(self._id)  # a thread whose first CUDA call this is: make the context current
+                slots.launch(stream.ptr, values)
+        return self._finish(stream, start)
+
+    def prepare_launch(self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any]) -> Any:
+        if self._driver is not None and not self._capturing:
+            prepared = prepare(self._driver.launchKernel, kernel.ptr, grid, block, args)
+            if prepared is not None:
+                return prepared
+        return super().prepare_launch(kernel, grid, block, args)
+
+    def launch_prepared(self, prepared: Any, stream: Any) -> Any:
+        if type(prepared) is not PreparedLaunch:
+            return super().launch_prepared(prepared, stream)
+        if self._get_device() != self._id:  # _use, inlined (this is the launch path)
+            self._rt.setDevice(self._id)
+        ptr = stream.ptr
+        try:
+            prepared.call(ptr, prepared.params, 0)
+        except self._driver.CUDADriverError as exc:
+            if exc.status != CONTEXT_ERROR:
+                raise
+            self._rt.setDevice(self._id)  # a thread whose first CUDA call this is: make the context current
+            prepared.call(ptr, prepared.params, 0)
+        if self._capturing and ptr in self._capturing:
+            return IN_GRAPH
+        marks = self._marks.get(ptr)
+        if marks is None:
+            return self._mark(stream)
+        number = marks.issued = next(marks.numbers)  # StreamMarks.enqueued, inlined
+        return LazyCompletion(marks, number)
+
+    def kernel_arg(self, arg: BufferArg) -> np.uint64:
+        """A buffer as a kernel argument: its device pointer (made once per buffer)."""
+        return np.uint64(arg.handle)
+
+    # ------------------------------------------------------------------ graphs
+    def begin_capture(self, stream: Any) -> None:
+        """Relaxed mode, so that other threads (a trace's harvester) may go on querying their events meanwhile."""
+        self._use()
+        marks = self._marks.get(stream.ptr)
+        if marks is not None:
+            marks.freeze()  # one marker for every op so far: none may be recorded on the stream while it captures
+        self._capturing.add(stream.ptr)
+        try:
+            stream.begin_capture(self._rt.streamCaptureModeRelaxed)
+        except BaseException:
+            self._capturing.discard(stream.ptr)
+            if marks is not None:
+                marks.thaw()
+            raise
+
+    def end_capture(self, stream: Any) -> Any:
+        self._use()
+        try:
+            return stream.end_capture()
+        finally:
+            self._capturing.discard(stream.ptr)
+            marks = self._marks.get(stream.ptr)
+            if marks is not None:
+                marks.thaw()
+
+    def launch_graph(self, graph: Any, stream: Any, timed: bool) -> CudaCompletion:
+        self._use()
+        start = self._begin(stream, timed)
+        graph.launch(stream)
+        return self._finish(stream, start)
+
+    # ------------------------------------------------------------------ clock
+    def clock_sample(self) -> ClockSample:
+        """Record a new epoch event on an idle private stream; its completion time is bracketed on the host."""
+        self._use()
+        best: Epoch | None = None
+        for _ in range(3):
+            event = load_cupy().cuda.Event()
+            t0 = time.perf_counter_ns()
+            event.record(self._clock_stream)
+            event.synchronize()
+            t1 = time.perf_counter_ns()
+            epoch = Epoch(event, (t0 + t1) // 2, (t1 - t0) // 2)
+            if best is None or epoch.error_ns < best.error_ns:
+                best = epoch
+        assert best is not None
+        self._epoch = best
+        return ClockSample(best.host_ns, best.host_ns, best.error_ns)
+
+    def close(self) -> None:
+        if self._stage_threads is not None:
+            self._stage_threads.shutdown()
+        if self._side_stream is not None:
+            self._side_stream.synchronize()

@@ -1,0 +1,226 @@
+"""``Kernel``: a compiled kernel on one device, and its launch path (checks, enqueue, prepared repeats).
+
+The launch path is tuned (docs/architecture.md, "The launch path"): every check stays, in as few Python steps as the
+common case allows, and a launch made twice in a row with the same objects is prepared once and then repeated.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _dispatch, listeners
+from ..buffer import Buffer
+from ..errors import InvalidArgument
+from ..streams import Event, Stream
+
+_REPEATS = 16  # prepared launches kept per Kernel
+_MISSES, _SKIP = 16, 256  # after 16 launches in a row that were not repeats, 256 launches look for none
+_IMMUTABLE_DIMS = (int, tuple)
+_IMMUTABLE_SCALARS = (int, float, np.number, np.bool_)
+_PREPARING: weakref.WeakSet = weakref.WeakSet()  # kernels holding prepared launches
+
+
+def _drop_prepared() -> None:
+    """A buffer was freed: prepared launches may name it (on the CPU they hold a view of its memory), so drop all."""
+    for kernel in list(_PREPARING):
+        kernel._repeats.clear()
+
+
+Buffer.on_free.append(_drop_prepared)
+
+if TYPE_CHECKING:
+    from ..device import Device
+
+
+def launch_dims(value: Any, what: str) -> tuple[int, ...]:
+    """A grid or block (``what``) as 1 to 3 positive ints, from an int or a sequence; InvalidArgument otherwise."""
+    if type(value) is int and value > 0:  # the common case, kept cheap: this is on every launch
+        return (value,)
+    dims = (value,) if isinstance(value, (int, np.integer)) or not hasattr(value, "__iter__") else tuple(value)
+    if not 1 <= len(dims) <= 3 or any(
+        isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims
+    ):
+        raise InvalidArgument(f"{what} must be 1 to 3 positive ints, got {value!r}")
+    return tuple(int(d) for d in dims)
+
+
+def _scalar(value: Any, position: int) -> Any:
+    """Kernel scalars: NumPy scalars pass as they are; Python int → int32 (int64 if needed), float → float32."""
+    if isinstance(value, np.generic):
+        return value
+    if isinstance(value, bool):
+        return np.int32(value)
+    if isinstance(value, int):
+        return np.int32(value) if -(2**31) <= value < 2**31 else np.int64(value)
+    if isinstance(value, float):
+        return np.float32(value)
+    raise InvalidArgument(f"kernel argument {position} is a {type(value).__name__}; pass a Buffer or a number")
+
+
+class Kernel:
+    """A compiled kernel on one device. Call ``k(grid, block, args, stream=s)``: grid in blocks, block in threads."""
+
+    def __init__(self, device: Device, raw: Any, name: str, source: Any) -> None:
+        self.device, self._raw, self.name, self.source = device, raw, name, source
+        backend = device.backend_device
+        self._backend_launch = backend.launch
+        self._prepare, self._launch_prepared = backend.prepare_launch, backend.launch_prepared
+        self._repeats: dict[tuple, tuple] = {}  # see _repeat
+        self._last: tuple | None = None  # the last launch's key and objects
+        self._misses = 0  # launches in a row that were not repeats
+        self._skip = 0  # launches still to make without a key, after _MISSES misses
+
+    def __call__(
+        self,
+        grid: Any,
+        block: Any,
+        args: Sequence[Any],
+        stream: Stream | None = None,
+        name: str | None = None,
+        nbytes: int = 0,
+    ) -> Event:
+        """Enqueue the kernel on ``stream`` (the device's default stream if None). Non-blocking; returns an Event.
+
+        ``nbytes``: the bytes the kernel reads and writes, where the caller knows them; traces keep it in the span's
+        ``bytes`` (``gw.library`` sets it, so that the analysis can tell the problem size)."""
+        # This is the launch path: every check stays, in as few Python steps as the common case allows; a repeat
+        # of an earlier launch (the same grid, block, stream and argument objects) skips them (see _repeat).
+        key = None
+        if self._skip:  # launches lately were not repeats (a scalar that changes every time): no key for a while
+            self._skip -= 1
+        else:
+            kind = type(args)
+            if kind is tuple or kind is list:  # else the checks below say what is wrong
+                n = len(args)  # one and two arguments spelled out: a third of the key's cost
+                if n == 1:
+                    key = (id(grid), id(block), id(stream), id(args[0]))
+                elif n == 2:
+                    key = (id(grid), id(block), id(stream), id(args[0]), id(args[1]))
+                else:
+                    key = (id(grid), id(block), id(stream), *map(id, args))
+                hit = self._repeats.get(key)
+                if hit is not None and hit[0] == Buffer.frees:
+                    s = hit[1]
+                    if s.capturing is None and not s.closed:
+                        self._misses = 0
+                        values = hit[3]
+                        traces = listeners.RECORDING
+                        if traces:  # a trace records it (and says whether to time it)
+                            name = name or self.name
+                            if len(traces) == 1:  # _dispatch.enqueue's one-trace branch, inlined
+                                completion = traces[0].record_op(s, "kernel", nbytes, name, -1, hit[6], values)
+                            else:
+                                completion = _dispatch.enqueue(s, "kernel", nbytes, name, -1, hit[6], values)
+                        else:
+                            completion = self._launch_prepared(hit[2], s.raw)
+                            s.inflight.append((completion, values))  # Stream.track, inlined
+                            s.appended += 1
+                            if s.appended & 63 == 0:
+                                s.prune_now()
+                        sid = s.id
+                        for i in hit[4]:
+                            args[i].inflight[sid] = completion  # Buffer.touch, inlined
+                        return Event(completion, s, values)
+                self._misses += 1
+                if self._misses >= _MISSES:
+                    self._misses, self._skip = 0, _SKIP
+        grid_t = (grid,) if type(grid) is int and grid > 0 else launch_dims(grid, "grid")
+        block_t = (block,) if type(block) is int and block > 0 else launch_dims(block, "block")
+        if not isinstance(args, (tuple, list)):
+            raise InvalidArgument("kernel args must be a tuple or list")
+        device = self.device
+        if stream is None:
+            stream = device.default_stream
+        elif not isinstance(stream, Stream):
+            raise InvalidArgument(f"stream must be a gpuworkbench Stream, not {type(stream).__name__}")
+        if stream.device is not device:
+            raise InvalidArgument(f"stream {stream.label!r} is on {stream.device.spec}, kernel on {device.spec}")
+        frees = Buffer.frees  # before the checks: a buffer freed after them makes what is prepared below stale
+        values: list[Any] = []
+        buffers: list[Buffer] = []
+        scalars: list[Any] = []  # the scalar arguments as given: a repeat's key holds their ids
+        usable = not device.closed  # else Buffer.arg raises BufferClosed
+        for a in args:
+            if isinstance(a, Buffer):
+                if a.device is not device:
+                    raise InvalidArgument(
+                        f"kernel argument {len(values)} is a buffer on {a.device.spec}, not {device.spec}"
+                    )
+                arg = a.karg if usable else None  # made at its first launch, dropped when it is freed
+                values.append(a.arg() if arg is None else arg)
+                buffers.append(a)
+            else:
+                values.append(a if isinstance(a, np.generic) else _scalar(a, len(values)))
+                scalars.append(a)
+        # the enqueue, written out here: one Python frame fewer on every launch
+        if stream.closed:
+            stream.check_open()
+        repeatable = key is not None and stream.capturing is None
+        if stream.capturing is None and not listeners.RECORDING:  # _dispatch.enqueue_call's quiet branch, inlined
+            completion = self._backend_launch(self._raw, grid_t, block_t, values, stream.raw, False)
+            stream.track(completion, values)
+        else:
+            launch_args = (self._raw, grid_t, block_t, values, stream.raw)
+            name = name or self.name
+            completion = _dispatch.enqueue_call(
+                stream, "kernel", nbytes, name, -1, self._backend_launch, launch_args, values
+            )
+        sid = stream.id
+        for b in buffers:
+            b.inflight[sid] = completion  # Buffer.touch, inlined
+        if repeatable and usable:
+            last = self._last
+            if last is not None and last[0] == key:
+                self._repeat(key, last[1], args, grid_t, block_t, values, stream, frees)
+            else:  # its objects kept: a scalar made per call must not lend its id to the next call's
+                self._last = (key, (grid, block, scalars))
+        return Event(completion, stream, values)
+
+    def _run_prepared(self, prepared: Any, grid: tuple, block: tuple, values: list, stream: Any, timed: bool) -> Any:
+        """A repeat inside a trace: the prepared launch where the trace times it by CUPTI (untimed), else the
+        backend's launch with the converted arguments and its events."""
+        if timed:
+            return self._backend_launch(self._raw, grid, block, values, stream, True)
+        return self._launch_prepared(prepared, stream)
+
+    def _repeat(
+        self,
+        key: tuple,
+        keep: tuple,
+        args: Sequence[Any],
+        grid: tuple,
+        block: tuple,
+        values: list,
+        stream: Stream,
+        frees: int,
+    ) -> None:
+        """Prepare (through the backend) a launch made twice in a row, for ``__call__`` to repeat: untraced through the
+        prepared launch, traced through the backend's launch with the arguments converted here.
+
+        ``key`` holds the ids of the grid, block, stream and argument objects of the call. An entry keeps each of
+        them alive but the Buffers (``keep``; the stream is the device's), so no other object can take one of those
+        ids. A Buffer is not kept, which would keep its memory: an entry is valid while ``Buffer.frees`` is what it was
+        before the call's checks (``frees``), since a Buffer dies only through ``free`` (its finaliser calls it), which
+        counts; every free also drops the entries (``_drop_prepared``). Scalars and tuples are immutable, so equal ids
+        mean equal arguments; a list of dims or a structured scalar is not prepared."""
+        grid_arg, block_arg, scalars = keep
+        if not (type(grid_arg) in _IMMUTABLE_DIMS and type(block_arg) in _IMMUTABLE_DIMS):
+            return  # a list of dims may change in place under the same id
+        if not all(isinstance(a, _IMMUTABLE_SCALARS) for a in scalars):
+            return
+        repeats = self._repeats
+        if len(repeats) >= _REPEATS:
+            repeats.clear()
+        positions = tuple(i for i, a in enumerate(args) if isinstance(a, Buffer))
+        prepared = self._prepare(self._raw, grid, block, values)
+        traced = partial(self._run_prepared, prepared, grid, block, values, stream.raw)  # call(timed), for a trace
+        repeats[key] = (frees, stream, prepared, values, positions, keep, traced)
+        _PREPARING.add(self)
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.name!r} on {self.device.spec}>"

@@ -1,0 +1,56 @@
+"""What runs around every cell once the extension is loaded: CUPTI readied before a cell that traces and let go
+before one that does not, and the traces a cell captured numbered with that cell after it."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from ..trace import cupti
+from .history import number_cells
+
+#: Words in a cell's source that say it traces (or asks about CUPTI): CUPTI lingering after a trace is kept for it.
+TRACING_WORDS = ("%%gpu", "%gpu live", "%gpu cupti", "trace(", "gw.dask", ".live(")
+#: A cell that traces on this process's GPUs (``gw.trace(``, not ``gw.load_trace(`` or ``gw.dask.trace(``): CUPTI is
+#: made ready for its trace before it runs.
+TRACES_HERE = re.compile(r"%%gpu|%gpu live|\.live\(|(?<!\w)(?<!dask\.)trace\(")
+
+#: What the pre-run hook last did to CUPTI, and how long it took (ms); ``%gpu cupti`` reports it.
+last_done: tuple[str, float] | None = None
+
+
+def register(ipython: Any) -> None:
+    """Register the hooks on ``ipython`` once, and tell CUPTI it serves a notebook: it is attached for the cells that
+    trace, before they run, not on a timer."""
+    callbacks = ipython.events.callbacks
+    if number_cells not in callbacks["post_run_cell"]:
+        # before the panel's own post_run_cell hook (registered after this), so the panel sees the right number
+        ipython.events.register("post_run_cell", number_cells)
+    if ready_cupti_for_cell not in callbacks["pre_run_cell"]:
+        ipython.events.register("pre_run_cell", ready_cupti_for_cell)
+    cupti.set_notebook(True)
+
+
+def ready_cupti_for_cell(info: Any) -> None:
+    """Before each cell, on the kernel's thread, outside the cell's own time: for a cell that traces, attach CUPTI if
+    it was let go, park a source for the cell's trace to take over and prime it on this thread
+    (``cupti.warm_for_cell``); for a cell that does not, let go an attached CUPTI (a source lingering after a trace
+    or parked by ``%load_ext``, CUPTI ready, or left attached by torch.profiler), which would slow every CUDA call of
+    the cell (an empty launch 1.5 × while a source lingers, 1.7 × after torch.profiler on an H100, a few % when ready),
+    so that it runs as in a process that never traced. Cells that ask about CUPTI (``%gpu cupti``) or trace on Dask
+    workers leave it as it is; so does a trace or a torch.profiler that still records (a live view, a schedule)."""
+    global last_done
+    t0 = time.perf_counter_ns()
+    cupti.settle(1.0)  # a re-initialization under way (one armed before %load_ext)
+    source = getattr(info, "raw_cell", "") or ""
+    done = ""
+    if TRACES_HERE.search(source):
+        attached = not cupti.detached()
+        if cupti.warm_for_cell():
+            done = "made CUPTI ready for the cell's trace" if attached else "attached CUPTI for the cell's trace"
+    elif not any(word in source for word in TRACING_WORDS) and not cupti.detached():
+        if cupti.let_go():  # refused while a trace, a block or another tool (torch.profiler recording) holds CUPTI
+            done = "let CUPTI go for the untraced cell"
+    if done:
+        last_done = (done, (time.perf_counter_ns() - t0) / 1e6)

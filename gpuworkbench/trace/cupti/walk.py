@@ -1,0 +1,139 @@
+"""Where each activity record starts in a buffer CUPTI handed back: walked by record sizes that CUPTI's own walk taught.
+
+Verified on an H200 (CUPTI 13.0, benchmarks/probes/cupti_probe.py): the walk by learned sizes gives exactly the
+offsets of ``cuptiActivityGetNextRecord`` on every buffer; cupti-python's dtypes match both CUPTI's record sizes and
+cupti.h.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+#: A record size for kinds not (yet) verified: any walk that meets one overshoots and falls back to CUPTI's walk.
+UNVERIFIED = 1 << 40
+#: Activity kinds the size table covers.
+MAX_KIND = 256
+
+
+class RecordWalker:
+    """Record offsets in a buffer: by verified sizes (NumPy where records repeat), else by CUPTI's walk, which
+    teaches the sizes. ``get_next``: libcupti's ``cuptiActivityGetNextRecord`` (None: never asked)."""
+
+    def __init__(self, get_next: Any = None) -> None:
+        self._get_next = get_next
+        #: Record size per activity kind, in 4-byte words, once CUPTI's own walk has shown it; else UNVERIFIED.
+        self.size_words: list[int] = [UNVERIFIED] * MAX_KIND
+        #: Sizes the dtypes predict per kind (bytes): a kind seen only as a buffer's last record is verified by them.
+        self.expected_bytes: dict[int, int] = {}
+        #: Learned sizes that differ from the dtypes' (kind -> (learned, expected) bytes).
+        self.size_mismatch: dict[int, tuple[int, int]] = {}
+        self.end_status = -1  # CUPTI_ERROR_MAX_LIMIT_REACHED, set by the record tables from cupti-python's enum
+        self.buffers_walked_by_cupti = 0
+        self.last_walk_status = 0
+
+    def walk(self, data: Any) -> np.ndarray:
+        """Offsets (in 4-byte words) of the records in ``data``: by the verified sizes, else by CUPTI's walk.
+
+        Record by record in Python, except where the last few records repeat (a launch loop writes API and kernel
+        records, and external-id ones where ids are pushed, over and over): then the repetitions that follow are
+        checked in one NumPy step, each predicted record's kind word being the one whose size predicted the next, so
+        the result is the same walk."""
+        self.last_walk_status = 0
+        if len(data) % 8 == 0:
+            words = memoryview(data).cast("I")
+            array = np.frombuffer(data, np.uint32)
+            sizes = self.size_words
+            parts: list[np.ndarray] = []
+            offsets: list[int] = []
+            kinds: list[int] = []
+            i, n = 0, len(words)
+            try:
+                while i < n:
+                    kind = words[i]
+                    offsets.append(i)
+                    kinds.append(kind)
+                    i += sizes[kind]
+                    if not len(kinds) & 15 and i < n:  # every 16 records walked one by one: a run ahead?
+                        skipped = self._repeat(array, offsets, kinds, i)
+                        if skipped is not None:
+                            parts.append(np.asarray(offsets, np.int64))
+                            parts.append(skipped)
+                            i = int(skipped[-1]) + sizes[kinds[-1]]
+                            offsets, kinds = [], []
+            except IndexError:  # a kind beyond the table
+                i = -1
+            if i == n:
+                parts.append(np.asarray(offsets, np.int64))
+                return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return np.asarray(self.walk_cupti(data), np.int64)
+
+    def _repeat(self, array: np.ndarray, offsets: list[int], kinds: list[int], i: int) -> np.ndarray | None:
+        """If the last L records (L = 1 to 4) repeat the L before them: the offsets of the repetitions of that pattern
+        that follow from word ``i`` on, checked all at once; None when there are none."""
+        for length in (1, 2, 3, 4):
+            if len(kinds) < 2 * length or kinds[-length:] != kinds[-2 * length : -length]:
+                continue
+            start = offsets[-length]
+            period = i - start
+            if period <= 0 or start - offsets[-2 * length] != period:
+                continue
+            reps = (array.size - i) // period
+            if reps < 8:
+                return None
+            rel = np.asarray(offsets[-length:], np.int64) - start
+            base = i + period * np.arange(reps, dtype=np.int64)
+            pos = base[:, None] + rel[None, :]
+            good = (array[pos] == np.asarray(kinds[-length:], np.uint32)[None, :]).all(axis=1)
+            count = reps if good.all() else int(np.argmin(good))
+            return pos[:count].ravel() if count else None
+        return None
+
+    def walk_cupti(self, data: Any) -> list[int]:
+        """Offsets (in 4-byte words) from ``cuptiActivityGetNextRecord`` on a copy; learns the record sizes it shows."""
+        data = bytes(data)
+        n = len(data)
+        copy = (ctypes.c_uint64 * ((n + 7) // 8))()
+        ctypes.memmove(copy, data, n)
+        base = ctypes.addressof(copy)
+        record = ctypes.c_void_p()
+        offsets: list[int] = []
+        while True:
+            status = self._get_next(base, n, ctypes.byref(record))
+            if status:
+                break
+            offset = (record.value or 0) - base
+            if offset < 0 or offset >= n or offset % 8:
+                status = -1
+                break
+            offsets.append(offset >> 2)
+        self.last_walk_status = 0 if status == self.end_status else status
+        self.buffers_walked_by_cupti += 1
+        self._learn(data, offsets)
+        return offsets
+
+    def _learn(self, data: bytes, offsets: list[int]) -> None:
+        """Record each kind's size from the gaps between CUPTI's record offsets (all equal, or nothing learned)."""
+        if not offsets:
+            return
+        words = np.frombuffer(data, np.uint32, count=len(data) // 4)
+        pos = np.asarray(offsets, dtype=np.int64)
+        kinds = words[pos]
+        gaps = np.diff(np.append(pos, len(data) // 4))
+        for kind in np.unique(kinds).tolist():
+            if kind >= MAX_KIND:
+                continue
+            mine = kinds == kind
+            interior = np.unique(gaps[:-1][mine[:-1]])
+            if interior.size == 1:
+                learned = int(interior[0])
+            elif interior.size == 0 and gaps[-1] * 4 == self.expected_bytes.get(kind):
+                learned = int(gaps[-1])  # only ever last in its buffers: the gap to the end must match the dtype
+            else:
+                continue
+            self.size_words[kind] = learned
+            expected = self.expected_bytes.get(kind)
+            if expected is not None and expected != learned * 4:
+                self.size_mismatch[kind] = (learned * 4, expected)
