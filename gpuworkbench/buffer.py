@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -240,14 +240,8 @@ class Buffer:
         if other is self:  # nothing to move (and OpenCL refuses overlapping copies): just mark the point in the stream
             return s.record()
         backend, nbytes = self.device.backend_device, self.size_bytes
-        event = s.enqueue(
-            "d2d",
-            nbytes,
-            name or f"d2d {binary_bytes(nbytes)}",
-            -1,
-            lambda timed: backend.copy_d2d(dst, 0, src, 0, nbytes, s.raw, timed),
-        )
-        self.touch(event.stream.id, event.completion)
+        call = partial(backend.copy_d2d, dst, 0, src, 0, nbytes, s.raw)
+        event = self._enqueue(s, "d2d", name or f"d2d {binary_bytes(nbytes)}", call)
         other.touch(event.stream.id, event.completion)
         return event
 
@@ -273,10 +267,7 @@ class Buffer:
         nbytes = self.size_bytes
         path = PEER_ROUTES[0] if route.direct else PEER_ROUTES[2] if route.possible else PEER_ROUTES[1]
         label = peer_copy_name(name or f"p2p {binary_bytes(nbytes)}", other.device.spec, self.device.spec, path)
-        event = s.enqueue(
-            "d2d", nbytes, label, -1, lambda timed: backend.copy_peer(dst, source, src, nbytes, s.raw, timed)
-        )
-        self.touch(event.stream.id, event.completion)
+        event = self._enqueue(s, "d2d", label, partial(backend.copy_peer, dst, source, src, nbytes, s.raw))
         other.touch(("peer", id(self.device), event.stream.id), event.completion)
         return event
 
@@ -287,13 +278,13 @@ class Buffer:
             raise InvalidArgument(f"fill_bytes takes a byte value 0..255, got {byte!r}")
         s = self._stream(stream)
         backend, nbytes = self.device.backend_device, self.size_bytes
-        event = s.enqueue(
-            "memset",
-            nbytes,
-            name or f"memset {binary_bytes(nbytes)}",
-            -1,
-            lambda timed: backend.fill(handle, nbytes, byte, s.raw, timed),
-        )
+        call = partial(backend.fill, handle, nbytes, byte, s.raw)
+        return self._enqueue(s, "memset", name or f"memset {binary_bytes(nbytes)}", call)
+
+    def _enqueue(self, s: Stream, kind: str, name: str, call: Callable[[bool], Any]) -> Event:
+        """Enqueue on ``s`` one op of ``kind`` over this buffer's bytes (``call(timed)``), this buffer in use until it
+        is done."""
+        event = s.enqueue(kind, self.size_bytes, name, -1, call)
         self.touch(event.stream.id, event.completion)
         return event
 

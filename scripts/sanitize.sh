@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the CUDA tests of the kernel library and of the cooperative @gw.kernel under NVIDIA's compute-sanitizer
-# (memcheck, racecheck, synccheck), and tests/test_sanitizer.py (a racy kernel caught, the persistent kernel clean
+# (memcheck, racecheck, synccheck), and tests/kernels/test_sanitizer.py (a racy kernel caught, the persistent kernel clean
 # under memcheck). The persistent kernel's own test file is left out: its tests allocate buffers while it runs
 # (cudaMallocAsync, since cudaMalloc would wait for it), and memcheck reports its reads of them as out of bounds:
 # the kernel was launched before those allocations, so it is not stream-ordered after them.
@@ -22,12 +22,12 @@ run() {  # tool, test file, -k expression
   echo "$1 $(basename "$2"): exit $rc, $summary, $(grep -Eo '[0-9]+ (passed|failed)' "$log" | tr '\n' ' ')"
   [ $rc -eq 0 ] || status=1
 }
-run memcheck tests/test_library.py cuda
-run memcheck tests/test_pykernel_shared.py cuda
-run racecheck tests/test_library.py cuda
-run racecheck tests/test_pykernel_shared.py cuda
-run synccheck tests/test_library.py cuda
-run synccheck tests/test_pykernel_shared.py cuda
-python3 -m pytest -q -p no:cacheprovider tests/test_sanitizer.py >"$out/test_sanitizer.txt" 2>&1 || status=1
-echo "tests/test_sanitizer.py: exit $?, $(grep -Eo '[0-9]+ (passed|failed|skipped)' "$out/test_sanitizer.txt" | tr '\n' ' ')"
+run memcheck tests/library/test_library.py cuda
+run memcheck tests/kernels/test_pykernel_shared.py cuda
+run racecheck tests/library/test_library.py cuda
+run racecheck tests/kernels/test_pykernel_shared.py cuda
+run synccheck tests/library/test_library.py cuda
+run synccheck tests/kernels/test_pykernel_shared.py cuda
+python3 -m pytest -q -p no:cacheprovider tests/kernels/test_sanitizer.py >"$out/test_sanitizer.txt" 2>&1 || status=1
+echo "tests/kernels/test_sanitizer.py: exit $?, $(grep -Eo '[0-9]+ (passed|failed|skipped)' "$out/test_sanitizer.txt" | tr '\n' ' ')"
 exit $status

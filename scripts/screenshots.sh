@@ -3,5 +3,5 @@
 # run with GPUWB_E2E_SHOTS): a %%gpu timeline, the live dashboard mid-loop, and the side panel.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
-GPUWB_E2E_SHOTS="$PWD/docs/img" ./run test tests/test_live_e2e.py tests/test_lab_e2e.py -q
+GPUWB_E2E_SHOTS="$PWD/docs/img" ./run test tests/viz/test_live_e2e.py tests/notebook/test_lab_e2e.py -q
 ls -l docs/img

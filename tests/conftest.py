@@ -1,7 +1,10 @@
-"""Fixtures shared by the tests: one parametrised ``device`` over every backend present, plus cpu/opencl and a gate.
+"""Fixtures shared by the tests: one parametrised ``device`` over every backend present, cpu/opencl, a gate, the
+IPython ``shell`` with the extension loaded, and ``fake_cupti`` (a fresh CUPTI lifecycle on a fake libcupti).
 
-Plain helpers live in ``support.py`` (``from support import sample``): test modules must not import from a
-conftest, whose module name ``conftest`` other conftest files (notebooks/) share.
+The tests mirror the package, a folder per layer (core/, kernels/, flows/, library/, backends/, trace/ with
+trace/cupti/, viz/, notebook/, dask/); test_layering.py reads the whole package. Plain helpers live in ``support.py``
+(``from support import span``) and ``cupti_fakes.py``: test modules must not import from a conftest, whose module
+name ``conftest`` other conftest files (notebooks/) share.
 """
 
 from __future__ import annotations
@@ -49,6 +52,26 @@ def opencl() -> gw.Device:
 def gate(cpu: gw.Device) -> Iterator[Gate]:
     with Gate(cpu) as g:
         yield g
+
+
+@pytest.fixture
+def shell(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """IPython's InteractiveShell with ``%load_ext gpuworkbench``; after the test the magics' current device, live
+    view and last bench, the traces' history and ``GPUWB_DEVICE`` are as they were."""
+    pytest.importorskip("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpuworkbench.notebook import history
+
+    monkeypatch.delenv("GPUWB_DEVICE", raising=False)
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "gpuworkbench")
+    yield ip
+    magics = ip.magics_manager.registry["GpuMagics"]
+    if magics.live is not None:
+        magics.live.stop()
+    magics.device, magics.live, magics.last_bench = None, None, None
+    history.history.clear()
 
 
 @pytest.fixture(autouse=True)

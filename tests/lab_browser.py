@@ -1,6 +1,6 @@
 """A real JupyterLab server and the system Chromium for the browser tests (``from lab_browser import ...``).
 
-Shared by tests/test_lab_e2e.py (the side panel) and tests/test_live_e2e.py (``%%gpu`` and ``%gpu live``): each
+Shared by tests/notebook/test_lab_e2e.py (the side panel) and tests/viz/test_live_e2e.py (``%%gpu`` and ``%gpu live``): each
 starts its own server on a free port with a token and private folders, and skips, saying why, where a piece is missing.
 """
 

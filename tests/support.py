@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import threading
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,6 +13,8 @@ import pytest
 import gpuworkbench as gw
 from gpuworkbench import backends
 
+#: The repository's root: tests in any folder find the project's files from here.
+ROOT = Path(__file__).resolve().parents[1]
 POCL_PLATFORM = "Portable Computing Language"
 BACKENDS = ["cpu", "opencl", pytest.param("cuda", marks=pytest.mark.gpu)]
 #: BACKENDS plus WebGPU on lavapipe, for tests of the front end that every backend must pass:
@@ -43,6 +47,41 @@ def open_device(name: str) -> gw.Device:
         soft = [d for d in found if "llvmpipe" in d.name]
         return gw.Device((soft or found)[0].index, backend=name)
     return gw.Device(0, backend=name)
+
+
+def cuda_devices(count: int) -> list[gw.Device]:
+    """The first ``count`` CUDA devices, or a skip saying why there are not that many."""
+    backend, why = backends.usable("cuda")
+    if backend is None:
+        pytest.skip(f"no CUDA device: {why}")
+    found = backend.devices()
+    if len(found) < count:
+        pytest.skip(f"needs {count} CUDA devices, found {len(found)}")
+    return [gw.Device(i, backend="cuda") for i in range(count)]
+
+
+def traced_rounds(dev: gw.Device, rounds: int = 3, wait_each: bool = False, keep_y: bool = False) -> gw.Trace:
+    """A trace of ``rounds`` rounds on ``dev``: a 16 KiB upload of x on one stream, ``y = 2*x + 1`` ("scale_add") on
+    a second, y's read-back on the first (the kernel waited for on the host first when ``wait_each``). x is freed
+    inside the trace, y too unless ``keep_y`` (its bytes then stay held in the memory plot)."""
+    upload, compute = dev.create_stream("upload"), dev.create_stream("compute")
+    kernel = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")
+    host = dev.empty_pinned(4096, "float32")
+    host[:] = 1
+    with gw.trace() as t:
+        x, y = dev.alloc(4096), dev.alloc(4096)
+        for _ in range(rounds):
+            x.copy_from_host_async(host, upload)
+            kernel(x, y, stream=compute)
+            if wait_each:
+                compute.synchronize()
+            y.copy_to_host_async(host, upload)
+        upload.synchronize()
+        compute.synchronize()
+        x.free()
+        if not keep_y:
+            y.free()
+    return t
 
 
 def release_leftovers(dev: gw.Device) -> list[gw.Buffer]:
@@ -90,3 +129,17 @@ def sample(n: int, dtype: str, seed: int = 0) -> np.ndarray:
     """``n`` values of ``dtype`` that every backend computes exactly (small integers)."""
     rng = np.random.default_rng(seed)
     return rng.integers(-100, 100, n).astype(dtype)
+
+
+def span(kind: str, stream: int, start: int, end: int, *, unit: int = 1, **extra: object) -> dict:
+    """One span record for ``table_from_records``: times given in ``unit`` ns (``unit=1000``: in µs); ``extra``
+    sets any other column (``device``, ``name``, ``bytes`` ...)."""
+    return {"kind": kind, "stream": stream, "start_ns": start * unit, "end_ns": end * unit, **extra}
+
+
+def rows(table: Any) -> list[dict]:
+    """A table's rows as dicts, whether a DataFrame or a dict of NumPy columns."""
+    if isinstance(table, dict):
+        n = len(next(iter(table.values())))
+        return [{c: table[c][i] for c in table} for i in range(n)]
+    return table.to_dict("records")

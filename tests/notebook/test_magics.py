@@ -29,20 +29,6 @@ y.copy_to_host_async(out, compute).wait()
 """
 
 
-@pytest.fixture
-def shell(monkeypatch):
-    """The InteractiveShell with the extension loaded; the current device, history and GPUWB_DEVICE restored after."""
-    monkeypatch.delenv("GPUWB_DEVICE", raising=False)
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "gpuworkbench")
-    yield ip
-    instance = gpu_magics(ip)
-    if instance.live is not None:
-        instance.live.stop()
-    instance.device, instance.live, instance.last_bench = None, None, None
-    history.history.clear()
-
-
 def gpu_magics(ip: InteractiveShell) -> magics.GpuMagics:
     return ip.magics_manager.registry["GpuMagics"]
 
@@ -208,7 +194,7 @@ def test_live_starts_stops_and_exports(shell, capsys, tmp_path):
 
 def test_gpu_cupti_says_where_cupti_stands_and_releases_it(shell, capsys):
     """Without CUDA nothing attaches CUPTI: the state says so and a release has nothing to let go. The lingering and
-    let-go states are unit-tested with a fake libcupti (tests/test_cupti_linger.py)."""
+    let-go states are unit-tested with a fake libcupti (tests/trace/cupti/test_cupti_linger.py)."""
     from gpuworkbench.trace import cupti
 
     shell.run_line_magic("gpu", "cupti")

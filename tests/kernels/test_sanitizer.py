@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import open_device
+from support import ROOT, open_device
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parent.parent
+
 SCRIPT = Path(__file__).parent / "sanitize" / "racy.py"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import cuda_devices
 
 import gpuworkbench as gw
 
@@ -25,20 +26,9 @@ def _why(t) -> str:
     return f"{t.stats}; clocks {clocks}; ticks {cupti.timestamps_are_ticks()}; state {cupti.state()[:40]}; cut {cut}"
 
 
-def _cuda_device():
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        pytest.skip("CuPy is not installed")
-    ok, why = gw.backends.get("cuda").available()
-    if not ok:
-        pytest.skip(f"no CUDA device: {why}")
-    return gw.Device("cuda:0")
-
-
 @pytest.fixture(scope="module")
 def dev():
-    return _cuda_device()
+    return cuda_devices(1)[0]
 
 
 SPIN = r"""

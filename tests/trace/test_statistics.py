@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
 import pytest
+import support
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import rows
 
 import gpuworkbench as gw
 from gpuworkbench.trace import statistics as statistics_module
@@ -30,8 +33,7 @@ US = 1_000
 HOST = thread_stream(0)
 
 
-def span(kind: str, stream: int, start: int, end: int, **extra: object) -> dict:
-    return {"kind": kind, "stream": stream, "start_ns": start * US, "end_ns": end * US, **extra}
+span = functools.partial(support.span, unit=US)  # span records with their times in µs
 
 
 # Device 0: saxpy on streams 1 and 2 overlapping (5-25 and 15-35), reduce 40-50, copies 0-30 and 50-53.
@@ -53,14 +55,6 @@ RECORDS = [
     span("alloc", -1, 0, 1000, bytes=64),
     span("range", HOST, 0, 900, name="step"),
 ]
-
-
-def rows(table) -> list[dict]:
-    """The table's rows as dicts, whether a DataFrame or a dict of NumPy columns."""
-    if isinstance(table, dict):
-        n = len(next(iter(table.values())))
-        return [{c: table[c][i] for c in table} for i in range(n)]
-    return table.to_dict("records")
 
 
 @pytest.fixture
@@ -285,21 +279,7 @@ def test_factorize_groups_equal_strings_and_survives_hash_collisions(monkeypatch
 
 
 def test_statistics_of_a_cpu_backend_trace():
-    dev = gw.Device(backend="cpu")
-    upload, compute = dev.create_stream("upload"), dev.create_stream("compute")
-    kernel = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")
-    host = dev.empty_pinned(4096, "float32")
-    host[:] = 1
-    with gw.trace() as t:
-        x, y = dev.alloc(4096), dev.alloc(4096)
-        for _ in range(3):
-            x.copy_from_host_async(host, upload)
-            kernel(x, y, stream=compute)
-            compute.synchronize()
-            y.copy_to_host_async(host, upload)
-        upload.synchronize()
-        x.free()
-        y.free()
+    t = support.traced_rounds(gw.Device(backend="cpu"), wait_each=True)
     stats = t.statistics()
     kernels = rows(stats.kernels)
     assert [(k["name"], k["count"]) for k in kernels] == [("scale_add", 3)]

@@ -468,18 +468,6 @@ def test_a_missing_file_raises_invalid_argument_naming_it(tmp_path):
 # ---------------------------------------------------------------------------------------------- %gpu load
 
 
-@pytest.fixture
-def shell(monkeypatch):
-    pytest.importorskip("IPython")
-    from IPython.core.interactiveshell import InteractiveShell
-
-    monkeypatch.delenv("GPUWB_DEVICE", raising=False)
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "gpuworkbench")
-    yield ip
-    history.history.clear()
-
-
 def test_gpu_load_shows_stores_and_records_the_trace(shell, capsys, tmp_path):
     path = write(kineto_doc(), tmp_path / "rank-0.json.gz", compress=True)
     shell.run_line_magic("gpu", f"load {path} -o pt")

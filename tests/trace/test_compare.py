@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
 import pytest
+import support
+from support import rows
 
 pytest.importorskip("bokeh")
 
@@ -22,8 +25,7 @@ from gpuworkbench.trace.recorder import Trace  # noqa: E402
 US = 1_000
 
 
-def span(kind: str, stream: int, start: int, end: int, **extra: object) -> dict:
-    return {"kind": kind, "stream": stream, "start_ns": start * US, "end_ns": end * US, **extra}
+span = functools.partial(support.span, unit=US)  # span records with their times in µs
 
 
 # Run a: copy 0-10, saxpy twice (10-30, 30-40), old 40-50, steady 50-60, copy back 60-70: W = 70 µs, no overlap.
@@ -46,13 +48,6 @@ AFTER = [
     span("kernel", 1, 1035, 1038, name="tiny"),
     span("d2h", 0, 1038, 1050, bytes=1_000_000, pinned=True),
 ]
-
-
-def rows(table) -> list[dict]:
-    if isinstance(table, dict):
-        n = len(next(iter(table.values())))
-        return [{c: table[c][i] for c in table} for i in range(n)]
-    return table.to_dict("records")
 
 
 def kernel_rows(comparison: Comparison) -> list[dict]:

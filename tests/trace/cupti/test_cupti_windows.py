@@ -1,6 +1,6 @@
 """How a CUPTI trace tags records with its ops without pushing ids: each API call CUPTI records (thread, start) is
 placed in the window of host time in which that thread enqueued one of our ops. Hand-made columns and buffers: runs
-without a GPU (no libcupti is loaded). On a GPU, tests/test_cuda.py checks the same end to end."""
+without a GPU (no libcupti is loaded). On a GPU, tests/backends/test_cuda.py checks the same end to end."""
 
 from __future__ import annotations
 

@@ -256,22 +256,6 @@ def test_bad_arguments_name_the_problem(cpu, kwargs, message):
 
 
 # ------------------------------------------------------------------------------------------------------- the magic
-@pytest.fixture
-def shell(monkeypatch):
-    pytest.importorskip("IPython")
-    from IPython.core.interactiveshell import InteractiveShell
-
-    from gpuworkbench.notebook import history
-
-    monkeypatch.delenv("GPUWB_DEVICE", raising=False)
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "gpuworkbench")
-    yield ip
-    instance = ip.magics_manager.registry["GpuMagics"]
-    instance.device, instance.last_bench = None, None
-    history.history.clear()
-
-
 def test_magic_runs_crossover_and_shows_the_table(shell, capsys):
     shell.run_line_magic("gpu", "use cpu")
     shell.run_line_magic("gpu", "bench crossover sum softmax --sizes 256,1024 --repeats 1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import re
 import subprocess
@@ -10,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import support
 
 pytest.importorskip("bokeh")
 pytest.importorskip("jupyter_bokeh")
@@ -31,8 +33,7 @@ from gpuworkbench.viz.palette import STYLES  # noqa: E402
 US = 1_000
 
 
-def span(kind: str, stream: int, start: int, end: int, **extra: object) -> dict:
-    return {"kind": kind, "stream": stream, "start_ns": start * US, "end_ns": end * US, **extra}
+span = functools.partial(support.span, unit=US)  # span records with their times in µs
 
 
 RECORDS = [
@@ -83,19 +84,7 @@ def cpu_trace() -> Trace:
     gc.collect()  # the memory plot's figures start from what is held: nothing of another test's
     for buf in dev.live_buffers:
         buf.free()
-    upload, compute = dev.create_stream("upload"), dev.create_stream("compute")
-    kernel = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")
-    host = dev.empty_pinned(4096, "float32")
-    host[:] = 1
-    with gw.trace() as t:
-        x, y = dev.alloc(4096), dev.alloc(4096)
-        for _ in range(3):
-            x.copy_from_host_async(host, upload)
-            kernel(x, y, stream=compute)
-            y.copy_to_host_async(host, upload)
-        upload.synchronize()
-        compute.synchronize()
-        x.free()
+    t = support.traced_rounds(dev, keep_y=True)
     t.wait_pending()
     return t
 

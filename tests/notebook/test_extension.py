@@ -12,10 +12,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
 from gpuworkbench.notebook import comm
 
-ROOT = Path(__file__).resolve().parents[1]
 EXTENSION = ROOT / "extension"
 SHARE = "share/jupyter/labextensions/gpuworkbench/"
 

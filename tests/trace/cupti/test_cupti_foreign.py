@@ -1,6 +1,6 @@
 """Other libraries' CUDA work as spans (``others=True``), from hand-made CUPTI columns: runs without a GPU.
 
-On a GPU, tests/test_cuda_any_code.py checks the same end to end with CuPy and PyTorch."""
+On a GPU, tests/trace/test_cuda_any_code.py checks the same end to end with CuPy and PyTorch."""
 
 from __future__ import annotations
 

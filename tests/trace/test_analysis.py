@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import span
 
 from gpuworkbench.trace.analysis import (
     GAP_CAUSES,
@@ -23,10 +24,6 @@ from gpuworkbench.trace.analysis import (
     union,
 )
 from gpuworkbench.trace.spans import empty_table, table_from_records
-
-
-def span(kind: str, stream: int, start: int, end: int, **extra: object) -> dict:
-    return {"kind": kind, "stream": stream, "start_ns": start, "end_ns": end, **extra}
 
 
 def trace(*records: dict) -> dict[str, np.ndarray]:

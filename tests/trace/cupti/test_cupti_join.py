@@ -1,6 +1,6 @@
 """The CUPTI record joins (trace/cupti/join.py, trace/cupti/ops.py) on hand-made record columns: runs without a GPU.
 
-On a GPU the same code is exercised end to end by tests/test_cuda.py and the CUDA runs of test_trace.py."""
+On a GPU the same code is exercised end to end by tests/backends/test_cuda.py and the CUDA runs of test_trace.py."""
 
 from __future__ import annotations
 

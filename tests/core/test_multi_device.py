@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from support import pocl_index, sample
+from support import cuda_devices, pocl_index, sample
 
 import gpuworkbench as gw
 from gpuworkbench.trace.analysis import cross_device, summarize
@@ -374,23 +374,9 @@ def test_gpu_listing_shows_no_links_with_fewer_than_two_gpus(capsys):
 
 
 # ------------------------------------------------------------------------------------------------ CUDA (gpu)
-def _cuda_devices(count: int) -> list[gw.Device]:
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        pytest.skip("CuPy is not installed")
-    ok, why = gw.backends.get("cuda").available()
-    if not ok:
-        pytest.skip(f"no CUDA device: {why}")
-    found = gw.backends.get("cuda").devices()
-    if len(found) < count:
-        pytest.skip(f"needs {count} CUDA devices, found {len(found)}")
-    return [gw.Device(i, backend="cuda") for i in range(count)]
-
-
 @pytest.mark.gpu
 def test_cuda_links_listing_runs():
-    (dev,) = _cuda_devices(1)
+    (dev,) = cuda_devices(1)
     from gpuworkbench.backends.cuda import peer_links
 
     count = len(gw.backends.get("cuda").devices())
@@ -402,7 +388,7 @@ def test_cuda_links_listing_runs():
 @pytest.mark.gpu
 @pytest.mark.parametrize("nbytes", [4, 4097 * 4, 64 << 20])
 def test_cuda_peer_copy_both_ways(nbytes):
-    a, b = _cuda_devices(2)
+    a, b = cuda_devices(2)
     n = nbytes // 4
     data = np.random.default_rng(1).standard_normal(n).astype(np.float32)
     route = b.backend_device.peer_route(a.backend_device)
@@ -424,7 +410,7 @@ def test_cuda_peer_copy_both_ways(nbytes):
 
 @pytest.mark.gpu
 def test_cuda_peer_copy_on_a_stream_waits_for_nothing_else():
-    a, b = _cuda_devices(2)
+    a, b = cuda_devices(2)
     n = 1 << 20
     data = np.arange(n, dtype=np.float32)
     s = b.create_stream("peer")

@@ -215,7 +215,7 @@ def _others_state(name: str, dask_worker=None) -> dict:
 
 def test_others_reaches_every_worker_trace(client):
     """``gw.dask.trace(client, others=True)`` makes each worker's trace a ``Trace(others=True)`` (what CuPy's kernels
-    need, tests/test_dask_cuda.py); left out, each worker's GPUWB_TRACE_OTHERS decides (on unless "0"). A worker
+    need, tests/dask/test_dask_cuda.py); left out, each worker's GPUWB_TRACE_OTHERS decides (on unless "0"). A worker
     with no CUDA library loaded when its trace started says that no other library's work was recorded, where others
     was asked for by name."""
     addresses = _workers(client)

@@ -1,5 +1,5 @@
 """The primer (``trace/cupti/prime.py``) against a fake libcuda and libcupti: which devices it primes, what it makes
-once, and that a failure leaves nothing behind. On a GPU, tests/test_cuda_any_code.py checks that its work never
+once, and that a failure leaves nothing behind. On a GPU, tests/trace/test_cuda_any_code.py checks that its work never
 reaches a trace."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """CUPTI's lifetime across traces: a stopped source parks with its kinds on, the next takes it over without enabling
 anything, and after ``linger_s`` CUPTI is let go (``cuptiFinalize`` at a CUDA call's exit). A fake cupti module and a
 fake libcupti stand in for the real ones (the ``fake_cupti`` fixture, tests/cupti_fakes.py), on a lifecycle of
-their own: runs without a GPU. On a GPU, tests/test_cuda_any_code.py checks that the next trace still sees every
+their own: runs without a GPU. On a GPU, tests/trace/test_cuda_any_code.py checks that the next trace still sees every
 kernel, and benchmarks/probes/cupti_idle.py what an idle process pays."""
 
 from __future__ import annotations

@@ -6,8 +6,11 @@ in headless Chromium and skip, saying why, where Chromium or Playwright is missi
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
+import support
 
 pytest.importorskip("bokeh")
 
@@ -40,8 +43,7 @@ from gpuworkbench.viz.timeline_data import ALL_STYLES, ENQUEUE, cell_columns, ho
 US = 1_000
 
 
-def span(kind: str, stream: int, start: int, end: int, **extra: object) -> dict:
-    return {"kind": kind, "stream": stream, "start_ns": start * US, "end_ns": end * US, **extra}
+span = functools.partial(support.span, unit=US)  # span records with their times in µs
 
 
 #: Two host threads launching on gpu A: a range around two launches and a synchronize; a blocking copy; a kernel

@@ -19,7 +19,8 @@ from lab_browser import chromium_page, notebook, running_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT  # noqa: E402
+
 EXTENSION = ROOT / "extension" / "labextension"
 TRACED_CELL = """\
 %%gpu
