@@ -192,7 +192,7 @@ class Buffer:
             fn, args = backend.copy_d2h, (host, handle, 0, stream.raw)
         if stream.capturing is None and not listeners.RECORDING:  # _dispatch.enqueue_call's quiet branch, inlined
             completion = fn(*args, False)
-            stream.inflight.append((completion, host))  # Stream._track, inlined: ``host`` kept alive until done
+            stream.inflight.append((completion, host))  # Stream.track, inlined: ``host`` kept alive until done
             stream.appended += 1
             if stream.appended & 63 == 0:
                 stream.prune_now()
