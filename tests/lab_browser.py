@@ -1,7 +1,8 @@
 """A real JupyterLab server and the system Chromium for the browser tests (``from lab_browser import ...``).
 
-Shared by tests/notebook/test_lab_e2e.py (the side panel) and tests/viz/test_live_e2e.py (``%%gpu`` and ``%gpu live``): each
-starts its own server on a free port with a token and private folders, and skips, saying why, where a piece is missing.
+Shared by tests/notebook/test_lab_e2e.py (the side panel) and tests/viz/test_live_e2e.py (``%%gpu`` and
+``%gpu live``): each starts its own server on a free port with a token and private folders, and skips, saying why,
+where a piece is missing.
 """
 
 from __future__ import annotations
