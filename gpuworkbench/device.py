@@ -232,7 +232,7 @@ class Device:
                 s.synchronize()
 
     def runs_persistent(self) -> bool:
-        """True while a persistent kernel loops on one of this device's streams (persistent.py)."""
+        """True while a persistent kernel loops on one of this device's streams (persistent/)."""
         return any(s.persistent is not None for s in list(self._streams))
 
     def close(self) -> None:

@@ -83,7 +83,7 @@ class Stream:
         self._lock = threading.Lock()
         self.closed = False
         self.capturing: Any = None  # the Graph recording this stream's ops instead of running them (graphs.py)
-        self.persistent: Any = None  # the PersistentKernel looping on this stream until stopped (persistent.py)
+        self.persistent: Any = None  # the PersistentKernel looping on this stream until stopped (persistent/)
 
     def track(self, completion: Any, keep: Any) -> None:
         # No lock on the launch path: deque.append is atomic, and everything else that changes the deque holds the

@@ -197,7 +197,7 @@ class Trace(CuptiTracing, Harvesting):
         caps = device.caps
         clock = DeviceClock(key=device.spec, name=device.name, source=caps.timestamps)
         if caps.timestamps == "events" and self.source in ("auto", "cupti") and device.backend_kind.value == "cuda":
-            # Measured on an H200: with a persistent kernel looping (persistent.py), a CUPTI trace waited for it to end.
+            # Measured on an H200: with a persistent kernel looping (persistent/), a CUPTI trace waited for it to end.
             blocked = device.runs_persistent()
             reason = (
                 "a persistent kernel runs on this device, and CUPTI would wait for it to end"
@@ -437,8 +437,8 @@ class Trace(CuptiTracing, Harvesting):
 
     def summary(self, window: tuple[int, int] | None = None, crossover: Any = None):  # noqa: ANN201 - analysis.Summary
         """Overlap, idle, pipeline efficiency and advice (DESIGN §6); ``too-small-for-gpu`` too where crossover
-        figures are given, or where a provider registered with ``provide_crossovers`` (the kernel library does, from
-        the cache ``gw.crossover`` writes) has them for this trace's devices."""
+        figures are given, or where the provider registered with ``provide_crossovers`` (the package root registers the
+        kernel library's reader of the cache ``gw.crossover`` writes) has them for this trace's devices."""
         from .analysis import summarize
 
         if crossover is None and CROSSOVERS.provider is not None:

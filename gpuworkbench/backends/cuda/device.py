@@ -5,7 +5,7 @@ fallback timing source (CUPTI, used by the trace when present, is exact). Copies
 through pinned chunks filled by several threads, which is much faster than the driver's own pageable path.
 The ROCm backend (``backends/rocm.py``) runs this code with CuPy's HIP build.
 
-While a persistent kernel runs (``persistent.py``) nothing here may wait for the whole device, which would then wait
+While a persistent kernel runs (``persistent/``) nothing here may wait for the whole device, which would then wait
 forever: cudaFree and cudaFreeHost are deferred until the last one stops (memory allocated meanwhile comes from
 cudaMallocAsync and is freed stream-ordered), and compiling is refused, as loading a new module may synchronize the
 context (lazy loading). All three were seen waiting for a looping kernel on an H200
@@ -162,7 +162,7 @@ class CudaDevice(BackendDevice):
             self._async_ptrs.add(ptr)
         return ptr
 
-    # ------------------------------------------------------------------ persistent kernels (persistent.py)
+    # ------------------------------------------------------------------ persistent kernels (persistent/)
     def alloc_mapped(self, nbytes: int) -> tuple[np.ndarray, int, int]:
         """Zeroed page-locked host memory the device reads and writes directly: (host view, host ptr, device ptr)."""
         self._use()
