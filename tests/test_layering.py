@@ -4,7 +4,8 @@ Every import counts, at module level and inside functions (``if TYPE_CHECKING:``
 moves one way (docs/architecture.md). A module that needs one above it imports it inside the function that needs it,
 at call time; each such deferred import that reaches up (its target imports the importing module, directly or
 through others) is a seam, named in docs/architecture.md, "Seams" (at most four). Without the seams' imports the graph
-has no cycle. The rooms keep their places: the core never imports the tracer, the tracer neither draws nor runs the
+has no cycle, and every import goes down the map's order of rooms (``ROOMS``). The rooms keep their places: the core
+never imports the tracer, the tracer neither draws nor runs the
 crossover benchmark, backends import only backends, and nothing imports the package root. No module runs past 600
 lines, and none reaches into another module's private names.
 """
@@ -451,6 +452,62 @@ def private_reaches(modules: dict[str, Path], package: str = PACKAGE) -> list[st
     return found
 
 
+#: The rooms from the top layer down, as docs/architecture.md's map lists them: a module imports only modules of its own
+#: room or of rooms after it (a module belongs to the room of its longest matching prefix).
+ROOMS: tuple[tuple[str, ...], ...] = (
+    ("", "cli", "demo"),  # the package root (the public face) and its commands
+    ("notebook",),
+    ("dask",),
+    ("viz",),
+    ("library",),
+    ("_progress",),
+    ("trace",),
+    ("ops", "graphs", "pipeline"),
+    ("pykernel",),
+    ("device",),
+    ("persistent",),
+    ("kernels",),
+    ("buffer", "streams", "_dispatch", "_memory", "ranges", "op_names"),
+    ("listeners",),
+    ("backends",),
+    ("errors", "_format", "_version"),
+)
+
+
+def room_of(module: str, package: str = PACKAGE, rooms: tuple[tuple[str, ...], ...] = ROOMS) -> int | None:
+    """The index in ``rooms`` of the room holding ``module`` (its longest matching prefix), None if none does."""
+    best: tuple[int, int] | None = None
+    for index, names in enumerate(rooms):
+        for name in names:
+            prefix = f"{package}.{name}" if name else package
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+def upward_imports(
+    imports: list[Import],
+    named: set[tuple[str, str, str]],
+    package: str = PACKAGE,
+    rooms: tuple[tuple[str, ...], ...] = ROOMS,
+) -> list[str]:
+    """Imports (outside the named seams) of a module in a room listed before the importer's: against the order."""
+    found = []
+    for imp in imports:
+        key = (imp.path.removeprefix(f"{package}/"), imp.function, imp.target.removeprefix(f"{package}."))
+        low, high = room_of(imp.module, package, rooms), room_of(imp.target, package, rooms)
+        if key not in named and low is not None and high is not None and high < low:
+            found.append(f"  {imp.path}:{imp.line} imports {imp.target}, a room above its own")
+    return found
+
+
+def test_imports_go_down_the_map() -> None:
+    unplaced = [m for m in MODULES if room_of(m) is None]
+    assert not unplaced, f"modules in no room of ROOMS (and of docs/architecture.md's map): {unplaced}"
+    found = upward_imports(IMPORTS, named_seams(ARCHITECTURE.read_text(encoding="utf-8")))
+    assert not found, "imports against the map's order:\n" + "\n".join(found)
+
+
 def test_without_the_named_seams_no_import_forms_a_cycle() -> None:
     named = named_seams(ARCHITECTURE.read_text(encoding="utf-8"))
     assert len(named) <= MAX_SEAMS, f"{len(named)} seams named; at most {MAX_SEAMS}: {sorted(named)}"
@@ -596,3 +653,21 @@ def test_the_rules_find_what_breaks_them(tmp_path: Path) -> None:
     (tmp_path / "pkg" / "table.py").write_text("# a table: long by nature\n" + "x = 1\n" * 700)
     long = long_modules(find_modules(tmp_path / "pkg", "pkg"))
     assert [line.rsplit("/", 1)[1] for line in long] == ["long.py: 601 lines"]
+
+
+def test_an_import_up_the_map_is_found(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from . import top\n",
+            "pkg/top.py": "from .low import f\n",
+            "pkg/low.py": "def f():\n    from .top import g\ndef seam():\n    from . import top\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/deep.py": "from .. import low\n",
+        },
+    )
+    modules = find_modules(tmp_path / "pkg", "pkg")
+    rooms = (("",), ("top",), ("sub",), ("low",))
+    assert [room_of(m, "pkg", rooms) for m in sorted(modules)] == [0, 3, 2, 2, 1]
+    found = upward_imports(read_imports(modules, tmp_path, "pkg"), {("low.py", "seam", "top")}, "pkg", rooms)
+    assert [line.split("pkg/", 1)[1] for line in found] == ["low.py:2 imports pkg.top, a room above its own"]
