@@ -5,9 +5,9 @@ moves one way (docs/architecture.md). A module that needs one above it imports i
 at call time; each such deferred import that reaches up (its target imports the importing module, directly or
 through others) is a seam, named in docs/architecture.md, "Seams" (at most four). Without the seams' imports the graph
 has no cycle, and every import goes down the map's order of rooms (``ROOMS``). The rooms keep their places: the core
-never imports the tracer, the tracer neither draws nor runs the
-crossover benchmark, backends import only backends, and nothing imports the package root. No module runs past 600
-lines, and none reaches into another module's private names.
+never imports the tracer, the tracer neither draws nor runs the crossover benchmark, backends import only backends,
+and nothing imports the package root. No module runs past 600 lines, and none reaches into another module's private
+names.
 """
 
 from __future__ import annotations
