@@ -486,7 +486,7 @@ class Trace(CuptiTracing, Harvesting):
         ``extend_columns`` (no row by row copy): a trace loaded from a file, or one part of a merged trace."""
         n = len(table["kind"])
         m = 0 if memory is None else len(memory["t_ns"])
-        trace = cls(capacity=max(n, m, 1))
+        trace = cls(capacity=max(n, m, 1_000_000))  # a bound, not an allocation: room as a new trace has
         if n:
             trace._spans.extend_columns(table)
         if m:

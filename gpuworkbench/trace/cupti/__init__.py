@@ -6,8 +6,8 @@ One concept per module:
   import; ``walk``: where records start in a buffer; ``layout``: record layouts and kind tables; ``decode``: a
   flush's buffers as columns; ``kinds``: which kinds a source enables, and the API filter;
 - ``clock``: CUPTI's timestamps in ns (ticks after torch.profiler) and on the ops' window clock;
-- ``source``: ``CuptiSource``, a trace's session; ``join``: records to our op ids; ``ops``: ops waiting for their
-  records; ``foreign``: other libraries' records as spans;
+- ``source``: ``CuptiSource``, what one trace reads of CUPTI; ``join``: records to our op ids; ``ops``: ops waiting
+  for their records; ``foreign``: other libraries' records as spans;
 - ``lifecycle``: CUPTI's lifetime in the process as one object (``LIFECYCLE``), its ``phase`` (``phase``) and
   ``tunables``; ``detach``: ``cuptiFinalize`` at a CUDA call's exit and the deadline threads; ``prime``: priming
   CUPTI as a source parks.
