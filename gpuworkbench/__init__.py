@@ -52,11 +52,16 @@ from .trace.recorder import new_trace as _new_trace
 
 
 def trace(
-    capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto", others: bool | None = None
+    capacity: int = 1_000_000,
+    interval_s: float = 0.05,
+    source: str = "auto",
+    others: bool | None = None,
+    lines: bool = False,
 ) -> Trace:
     """A Trace to use as ``with gw.trace() as t:``; records every op on every device without synchronizing.
-    ``others`` (on unless False or ``GPUWB_TRACE_OTHERS=0``): other libraries' CUDA work too (CuPy, PyTorch ...)."""
-    return _new_trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
+    ``others`` (on unless False or ``GPUWB_TRACE_OTHERS=0``): other libraries' CUDA work too (CuPy, PyTorch ...);
+    ``lines``: each op carries the source line that issued it (``t.statistics().lines``)."""
+    return _new_trace(capacity=capacity, interval_s=interval_s, source=source, others=others, lines=lines)
 
 
 def live(trace: Trace | None = None, device: Device | str | None = None, client: Any = None, **options: Any) -> Any:

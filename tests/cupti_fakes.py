@@ -78,11 +78,17 @@ class FakeLib:
         self.calls: list[str] = []
         self.callback = None
         self.domain_on = False
+        self.enabled: set[int] = set()  # callback ids enabled one by one (``cuptiEnableCallback``)
         self.subscribe_status = subscribe_status
         self.cuptiSubscribe = Fn(self._subscribe)
         self.cuptiEnableDomain = Fn(self._enable_domain)
         self.cuptiUnsubscribe = Fn(self._unsubscribe)
         self.cuptiFinalize = Fn(lambda: self.calls.append("finalize") or 0)
+        self.cuptiEnableCallback = Fn(self._enable_callback)
+
+    def _enable_callback(self, on, sub, domain, cbid) -> int:
+        (self.enabled.add if on else self.enabled.discard)(cbid)
+        return 0
 
     def _subscribe(self, out, fn, userdata) -> int:
         self.calls.append("subscribe")
@@ -98,6 +104,7 @@ class FakeLib:
     def _unsubscribe(self, sub) -> int:
         self.calls.append("unsubscribe")
         self.callback, self.domain_on = None, False
+        self.enabled.clear()
         return 0
 
     def api_call(self, cbid: int = 13) -> None:
@@ -105,7 +112,7 @@ class FakeLib:
         for site in (ENTER, EXIT):
             data = ctypes.c_int(site)
             callback = self.callback
-            if callback is not None and self.domain_on:
+            if callback is not None and (self.domain_on or cbid in self.enabled):
                 callback(None, 1, cbid, ctypes.addressof(data))
 
 

@@ -24,8 +24,10 @@ class DeviceClock:
 class Columns:
     """Columnar storage that grows to ``capacity`` rows and then keeps the newest (a ring), counting what it drops."""
 
-    def __init__(self, schema: Mapping[str, Any], capacity: int) -> None:
+    def __init__(self, schema: Mapping[str, Any], capacity: int, defaults: Mapping[str, Any] | None = None) -> None:
         self.schema, self.capacity = schema, capacity
+        #: What a column gets in rows that do not give it (0 for columns not named here).
+        self.defaults = {c: (defaults or {}).get(c, 0) for c in schema}
         self.size = 0  # allocated on the first rows: a trace's start makes no arrays
         self.cols: dict[str, np.ndarray] = {}
         self.count = 0  # rows ever appended
@@ -47,8 +49,8 @@ class Columns:
         i = self.count % self.size
         if self.count >= self.size:
             self.dropped += 1
-        for c, v in row.items():
-            self.cols[c][i] = v
+        for c, column in self.cols.items():
+            column[i] = row.get(c, self.defaults[c])
         self.count += 1
 
     def extend(self, rows: list[tuple]) -> None:
@@ -67,8 +69,12 @@ class Columns:
         at = self.count % self.size
         idx: Any = slice(at, at + m) if at + m <= self.size else (self.count + np.arange(m)) % self.size
         for c in self.schema:
-            values = cols[c][skip:]
+            given = cols.get(c)
             column = self.cols[c]
+            if given is None:
+                column[idx] = self.defaults[c]
+                continue
+            values = given[skip:]
             if column.dtype == object and not isinstance(values, np.ndarray):
                 values = np.fromiter(values, object, count=m)
             column[idx] = values

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument
-from .spans import COLUMNS, KIND_CODE, pack_dim3
+from .spans import COLUMNS, DEFAULTS, KIND_CODE, pack_dim3
 
 _GZIP_MAGIC = b"\x1f\x8b"
 #: Event categories (lower case) -> the group they are read into; others (python_function, Trace, ...) are skipped.
@@ -271,10 +271,9 @@ def link_column(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray, defaul
 
 def span_block(n: int, **columns: Any) -> dict[str, np.ndarray]:
     """A span-column block of ``n`` rows: the columns given, defaults for the rest."""
-    defaults = {"enqueue_ns": -1, "bytes": 0, "pinned": -1, "corr": -1, "grid": 0, "block": 0}
     block = {}
     for column, dtype in COLUMNS.items():
-        value = columns.get(column, defaults.get(column))
+        value = columns.get(column, DEFAULTS.get(column, 0))
         if dtype is object:
             block[column] = np.array(value, dtype=object) if len(value) == n else np.full(n, value, dtype=object)
         else:

@@ -25,12 +25,15 @@ from .columns import Columns, DeviceClock, TraceStats
 from .cupti.clock import WindowClock
 from .cupti.foreign import ForeignRecords
 from .cupti.ops import ROW, CuptiOps
+from .cupti.sites import CallSites
 from .harvest_threads import THREADS as HARVEST_THREADS
 from .harvest_threads import Run
+from .lines import Location, SourceLines
 from .recorder_cupti import CuptiTracing, cuda_in_process
 from .recorder_harvest import WATCH_S, Harvesting
 from .spans import (
     COLUMNS,
+    DEFAULTS,
     KIND_CODE,
     KINDS,
     MEMORY_COLUMNS,
@@ -55,11 +58,17 @@ class Trace(CuptiTracing, Harvesting):
 
     ``capacity`` bounds the rows kept (the newest win); ``interval_s`` is the harvester's polling period (20 Hz by
     default: live views refresh at 10–30 Hz, and each CUPTI flush briefly contends with launches);
-    ``source`` is "auto" (CUPTI on CUDA where it starts, else events) or "events" to force the fallback.
+    ``source`` is "auto" (CUPTI on CUDA where it starts, else events) or "events" to force the fallback; ``lines``:
+    each span carries the source line that issued it (``trace/lines.py``; ``statistics().lines``).
     """
 
     def __init__(
-        self, capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto", others: bool | None = None
+        self,
+        capacity: int = 1_000_000,
+        interval_s: float = 0.05,
+        source: str = "auto",
+        others: bool | None = None,
+        lines: bool = False,
     ) -> None:
         if source not in ("auto", "events", "cupti"):
             raise ValueError(f"trace source must be 'auto', 'events' or 'cupti', not {source!r}")
@@ -68,7 +77,7 @@ class Trace(CuptiTracing, Harvesting):
         #: Whether other libraries' CUDA work (CuPy, PyTorch ...) is captured too (CUPTI from the trace's start):
         #: on unless ``others=False`` or ``GPUWB_TRACE_OTHERS=0``.
         self.others = _others(others)
-        self._spans = Columns(COLUMNS, capacity)
+        self._spans = Columns(COLUMNS, capacity, DEFAULTS)
         self._memory = Columns(MEMORY_COLUMNS, capacity)
         self._pending: deque[tuple] = deque()  # ops timed by events, not yet looked at (layout above)
         self._waiting: list[tuple] = []  # ... and those looked at, not done yet
@@ -105,6 +114,9 @@ class Trace(CuptiTracing, Harvesting):
         self._taken = ""  # why CUPTI was handed to another client while this trace recorded
         self._cupti_session = -1
         self._held = {}  # device number -> bytes the workbench held at its last memory sample
+        #: Where ops come from (``lines=True``): each op's location code, found as it is enqueued.
+        self.lines: SourceLines | None = SourceLines() if lines else None
+        self._sites: CallSites | None = None  # other libraries' call sites, while CUPTI's callbacks report them
 
     @property
     def version(self) -> int:
@@ -130,6 +142,7 @@ class Trace(CuptiTracing, Harvesting):
         self.started_ns = time.perf_counter_ns()
         if self.others and self.source != "events" and self._cupti is None and cuda_in_process():
             self._start_cupti()  # every library's CUDA work from the first op on
+            self._report_sites()
         listeners.add(self)
         self._stop.clear()
         self._thread = HARVEST_THREADS.run(self._harvest_loop, f"gpuworkbench-trace-{self.id}")
@@ -138,6 +151,7 @@ class Trace(CuptiTracing, Harvesting):
     def stop(self) -> None:
         """Stop recording new ops; spans of ops already enqueued keep arriving in the background."""
         listeners.remove(self)
+        self._stop_sites()
         self.stopped_ns = time.perf_counter_ns()
         self._stop.set()
 
@@ -193,49 +207,12 @@ class Trace(CuptiTracing, Harvesting):
                 self._stream_labels[(number, sid)] = label
         return number
 
-    def _align(self, device: Any) -> DeviceClock:
-        caps = device.caps
-        clock = DeviceClock(key=device.spec, name=device.name, source=caps.timestamps)
-        if caps.timestamps == "events" and self.source in ("auto", "cupti") and device.backend_kind.value == "cuda":
-            # Measured on an H200: with a persistent kernel looping (persistent/), a CUPTI trace waited for it to end.
-            blocked = device.runs_persistent()
-            reason = (
-                "a persistent kernel runs on this device, and CUPTI would wait for it to end"
-                if blocked
-                else self._start_cupti()
-            )
-            if not blocked and self._cupti is not None and not self._taken:
-                clock.source = "cupti"  # its offset: ``_sample_clocks`` (taken already, or fills it in then)
-                clock.offset_ns, clock.error_ns = self._cupti_offset, self._cupti_error
-                return clock
-            reason = reason or self._taken
-            clock.note = (
-                f"CUPTI not used ({reason}); spans come from CUDA events, which mark when the stream reached each op, "
-                "not when the copy engine or SMs ran it: kernels can look several µs longer and a copy queued behind "
-                "another stream's copy can look hundreds of µs longer (and falsely overlapping)."
-            )
-            if self.source == "cupti":
-                raise RuntimeError(f"trace source 'cupti' asked for but unavailable: {reason}")
-        sample = device.backend_device.clock_sample()
-        clock.offset_ns, clock.error_ns = sample.device_ns - sample.host_ns, sample.error_ns
-        return clock
-
     def _stream_info(self, stream: Any) -> tuple[int, bool, tuple[int, int]]:
         """(device number, spans from CUPTI, (device number, stream id)) of a stream, kept for the launch path."""
         number = self.device_number(stream.device)
         info = (number, self._cupti_flags[number], (number, stream.id))
         self._streams[stream] = info
         return info
-
-    def uses_cupti(self, device_number: int, kind: str = "kernel", nbytes: int = 1, name: str = "") -> bool:
-        """Whether this op's span comes from CUPTI: not for zero-byte copies and memsets (they do nothing CUPTI could
-        see), nor for peer copies between devices (CUPTI reports them as MEMCPY2 records, a kind not enabled here:
-        measured on two H200s, a peer copy's op then got no span)."""
-        return (
-            self._cupti_flags[device_number]
-            and (nbytes > 0 or kind == "kernel")
-            and not (kind == "d2d" and parse_peer_copy(name) is not None)
-        )
 
     def record_op(
         self,
@@ -256,6 +233,8 @@ class Trace(CuptiTracing, Harvesting):
             info = self._stream_info(stream)
         number, cupti, key = info
         op_id = next(self._op_ids)
+        lines = self.lines
+        loc = -1 if lines is None else lines.here(2)
         # A zero-byte copy or memset does nothing on the device, so CUPTI sees nothing: time it with events instead;
         # so is a peer copy (see uses_cupti).
         if cupti and (nbytes > 0 or kind == "kernel") and not (kind == "d2d" and parse_peer_copy(name) is not None):
@@ -272,13 +251,15 @@ class Trace(CuptiTracing, Harvesting):
                 ops.completions[op_id] = completion
             ops.markers[key] = completion
             rows = ops.rows  # extended in place: the harvester cuts the same bytearray
-            rows += _PACK(op_id, number, key[1], kind_code, nbytes, code, pinned, t0, many, t1, _ident())
+            rows += _PACK(op_id, number, key[1], kind_code, nbytes, code, pinned, t0, many, t1, _ident(), loc)
             return completion
         enqueue_ns = _now()
         completion = call(True)
         stream.track(completion, keep)
         self._event_ops += 1
-        self._pending.append((op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion))
+        self._pending.append(
+            (op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, loc)
+        )
         return completion
 
     def op_id(self) -> int:
@@ -302,14 +283,15 @@ class Trace(CuptiTracing, Harvesting):
         """Hand over an op enqueued at ``enqueue_ns`` (host clock) by this thread within ``window`` (the window clock,
         ``time.time_ns``); its span is filled in once the completion reports done."""
         kind_code = KIND_CODE[kind]
+        loc = -1 if self.lines is None else self.lines.here(2)
         if self.uses_cupti(device_number, kind, nbytes, name):
             t0, t1 = window
             self._cupti_ops.add(
-                op_id, device_number, stream, kind_code, nbytes, name, pinned, t0, completion, many, t1, _ident()
+                op_id, device_number, stream, kind_code, nbytes, name, pinned, t0, completion, many, t1, _ident(), loc
             )
         else:
             self._pending.append(
-                (op_id, device_number, stream, kind_code, nbytes, name, pinned, enqueue_ns, completion)
+                (op_id, device_number, stream, kind_code, nbytes, name, pinned, enqueue_ns, completion, loc)
             )
             self._event_ops += 1
 
@@ -320,8 +302,9 @@ class Trace(CuptiTracing, Harvesting):
         workbench's own device allocation, which CUPTI's memory records then do not count as another library's."""
         if address and self._foreign is not None:
             self._foreign.own_addresses.add(address)
+        loc = -1 if self.lines is None else self.lines.here(2)
         with self._lock:
-            self._append_span(device_number, -1, KIND_CODE[kind], start_ns, end_ns, start_ns, nbytes, name, -1)
+            self._append_span(device_number, -1, KIND_CODE[kind], start_ns, end_ns, start_ns, nbytes, name, -1, loc)
 
     def host_range(self, name: str, start_ns: int, end_ns: int, thread: int) -> None:
         """A named region of host time on ``thread``'s host row (``gw.range``), on the trace's first device."""
@@ -349,7 +332,9 @@ class Trace(CuptiTracing, Harvesting):
         self._stream_labels[(device_number, stream)] = label
 
     # ------------------------------------------------------------------ harvesting
-    def _append_span(self, dev: int, stream: int, kind: int, start: int, end: int, enq: int, nbytes: int, name, pin):
+    def _append_span(
+        self, dev: int, stream: int, kind: int, start: int, end: int, enq: int, nbytes: int, name, pin, loc: int = -1
+    ):
         self._spans.append(
             {
                 "kind": kind,
@@ -364,6 +349,7 @@ class Trace(CuptiTracing, Harvesting):
                 "corr": -1,
                 "grid": 0,
                 "block": 0,
+                "loc": loc,
             }
         )
         self._version += 1
@@ -418,6 +404,15 @@ class Trace(CuptiTracing, Harvesting):
     @property
     def stream_labels(self) -> dict[tuple[int, int], str]:
         return dict(self._stream_labels)
+
+    @property
+    def locations(self) -> list[Location]:
+        """The source locations spans point at (``loc`` column: an index here); empty without ``lines``."""
+        return [] if self.lines is None else list(self.lines.locations)
+
+    def location_of(self, span: Span) -> Location | None:
+        """Where ``span``'s op was issued (None: not known)."""
+        return self.lines.locations[span.loc] if self.lines is not None and span.loc >= 0 else None
 
     def to_dataframe(self):  # noqa: ANN201 - pandas is optional
         """The spans as a pandas DataFrame (needs pandas)."""
@@ -481,6 +476,7 @@ class Trace(CuptiTracing, Harvesting):
         lost: int = 0,
         started_ns: int = 0,
         stopped_ns: int = 0,
+        locations: list[Location] | None = None,
     ) -> Trace:
         """A stopped Trace holding ``table`` (span columns) and ``memory`` (memory columns), each filled with one
         ``extend_columns`` (no row by row copy): a trace loaded from a file, or one part of a merged trace."""
@@ -495,6 +491,7 @@ class Trace(CuptiTracing, Harvesting):
         trace._stream_labels.update(stream_labels)
         trace._stats.dropped, trace._stats.lost = dropped, lost
         trace.started_ns, trace.stopped_ns = started_ns, stopped_ns
+        trace.lines = SourceLines.holding(locations) if locations else None
         trace._version += 1
         return trace
 
@@ -574,24 +571,25 @@ _SPARES: list[Trace] = []
 
 
 def new_trace(
-    capacity: int = 1_000_000, interval_s: float = 0.05, source: str = "auto", others: bool | None = None
+    capacity: int = 1_000_000,
+    interval_s: float = 0.05,
+    source: str = "auto",
+    others: bool | None = None,
+    lines: bool = False,
 ) -> Trace:
     """A new, unstarted Trace: the one made ahead (``make_spares``) where it was made with these arguments."""
-    try:
-        spare = _SPARES.pop()
-    except IndexError:
-        spare = None
-    if spare is not None and (spare.capacity, spare.interval_s, spare.source, spare.others) == (
-        capacity,
-        interval_s,
-        source,
-        _others(others),
-    ):
+    spare = _SPARES.pop() if _SPARES else None
+    args = (capacity, interval_s, source, _others(others))
+    if spare is not None and (spare.capacity, spare.interval_s, spare.source, spare.others) == args:
         spare.id = next(_IDS)
-        return spare
-    if spare is not None and spare.others == _others(None) and not _SPARES:
-        _SPARES.append(spare)  # still what a call with the defaults gets: kept for the next one
-    return Trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
+        trace = spare
+    else:
+        if spare is not None and spare.others == _others(None) and not _SPARES:
+            _SPARES.append(spare)  # still what a call with the defaults gets: kept for the next one
+        trace = Trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
+    if lines:
+        trace.lines = SourceLines()
+    return trace
 
 
 def make_spares() -> None:

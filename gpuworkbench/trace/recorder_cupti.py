@@ -13,10 +13,12 @@ import numpy as np
 
 from . import cupti as cupti_source
 from .columns import DeviceClock
+from .cupti import detach as detach_hook
 from .cupti.clock import WindowClock
 from .cupti.foreign import ForeignRecords
 from .cupti.ops import CuptiOps
-from .spans import thread_stream
+from .cupti.sites import CallSites
+from .spans import parse_peer_copy, thread_stream
 
 #: How long a new trace waits for a stopped one to hand CUPTI over (its harvester releases CUPTI once its last ops
 #: have their spans).
@@ -144,6 +146,67 @@ class CuptiTracing:
                 source.names_of,
             )
         return ""
+
+    def _align(self, device: Any) -> DeviceClock:
+        caps = device.caps
+        clock = DeviceClock(key=device.spec, name=device.name, source=caps.timestamps)
+        if caps.timestamps == "events" and self.source in ("auto", "cupti") and device.backend_kind.value == "cuda":
+            # Measured on an H200: with a persistent kernel looping (persistent/), a CUPTI trace waited for it to end.
+            blocked = device.runs_persistent()
+            reason = (
+                "a persistent kernel runs on this device, and CUPTI would wait for it to end"
+                if blocked
+                else self._start_cupti()
+            )
+            if not blocked and self._cupti is not None and not self._taken:
+                clock.source = "cupti"  # its offset: ``_sample_clocks`` (taken already, or fills it in then)
+                clock.offset_ns, clock.error_ns = self._cupti_offset, self._cupti_error
+                return clock
+            reason = reason or self._taken
+            clock.note = (
+                f"CUPTI not used ({reason}); spans come from CUDA events, which mark when the stream reached each op, "
+                "not when the copy engine or SMs ran it: kernels can look several µs longer and a copy queued behind "
+                "another stream's copy can look hundreds of µs longer (and falsely overlapping)."
+            )
+            if self.source == "cupti":
+                raise RuntimeError(f"trace source 'cupti' asked for but unavailable: {reason}")
+        sample = device.backend_device.clock_sample()
+        clock.offset_ns, clock.error_ns = sample.device_ns - sample.host_ns, sample.error_ns
+        return clock
+
+    def uses_cupti(self, device_number: int, kind: str = "kernel", nbytes: int = 1, name: str = "") -> bool:
+        """Whether this op's span comes from CUPTI: not for zero-byte copies and memsets (they do nothing CUPTI could
+        see), nor for peer copies between devices (CUPTI reports them as MEMCPY2 records, a kind not enabled here:
+        measured on two H200s, a peer copy's op then got no span)."""
+        return (
+            self._cupti_flags[device_number]
+            and (nbytes > 0 or kind == "kernel")
+            and not (kind == "d2d" and parse_peer_copy(name) is not None)
+        )
+
+    def _report_sites(self) -> None:
+        """Have CUPTI's callbacks log the call site of other libraries' launches and copies (a trace with ``lines``
+        that records their work), so that their spans carry their source line too."""
+        if self.lines is None or self._foreign is None or self._cupti is None:
+            return
+        sites = CallSites(self.lines, cupti_source.LIFECYCLE.work_cbids)
+        status = cupti_source.LIFECYCLE.report_sites(sites)
+        if status:
+            why = "another tool holds CUPTI's callbacks" if status < 0 else f"CUPTI refused its callbacks ({status})"
+            self.warn_once(f"other libraries' work carries no source line: {why}")
+            return
+        self._sites = sites
+        self._foreign.locate = _weak(self._locate_calls)
+
+    def _stop_sites(self) -> None:
+        """Stop logging call sites (the log stays, for the harvests still to come)."""
+        if self._sites is not None and detach_hook.HOOK is self._sites:
+            cupti_source.LIFECYCLE.report_sites(None)
+
+    def _locate_calls(self, thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """The source location of each of other libraries' API calls (thread, start and end on CUPTI's clock)."""
+        off = self._window.offsets(self._cupti, start) if self._cupti is not None else 0
+        return self._sites.locate(thread, start - off, end - off)
 
     def _await_release(self) -> None:
         """Wait (at most ``CUPTI_HANDOFF_S``) for this stopped trace's harvester to release CUPTI; its next pass

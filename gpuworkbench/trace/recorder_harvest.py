@@ -119,7 +119,7 @@ class Harvesting:
         keep: list[tuple] = []
         blocked: set[tuple[int, int]] = set()  # streams with an unfinished op: later ops there are unfinished too
         for p in waiting:
-            op_id, dev, stream, kind, nbytes, name, pinned, enq, completion = p
+            op_id, dev, stream, kind, nbytes, name, pinned, enq, completion, loc = p
             key = (dev, stream)
             if key in blocked or not completion.done():
                 blocked.add(key)
@@ -131,7 +131,7 @@ class Harvesting:
                 self.warn_once(f"an op finished without timestamps ({name!r}); it is missing")
                 continue
             off = offsets[dev]
-            rows.append((kind, dev, stream, times[0] - off, times[1] - off, enq, nbytes, name, pinned, -1, 0, 0))
+            rows.append((kind, dev, stream, times[0] - off, times[1] - off, enq, nbytes, name, pinned, -1, 0, 0, loc))
         added = len(rows) + (0 if cupti_rows is None else len(cupti_rows["kind"]))
         if added:
             with self._lock:

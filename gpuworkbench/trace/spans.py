@@ -43,7 +43,8 @@ def unpack_dim3(value: int) -> tuple[int, int, int] | None:
 
 
 #: Column name -> dtype. ``name`` holds Python strings; ``pinned`` is -1 (unknown / not a copy), 0 or 1; ``corr``
-#: links a host ``api`` span to the device span it enqueued (equal values; -1: none); ``grid``, ``block``: packed.
+#: links a host ``api`` span to the device span it enqueued (equal values; -1: none); ``grid``, ``block``: packed;
+#: ``loc``: the source location that issued the op, an index into the trace's ``locations`` (-1: none; ``lines.py``).
 COLUMNS: dict[str, Any] = {
     "kind": np.int8,
     "device": np.int16,
@@ -57,7 +58,10 @@ COLUMNS: dict[str, Any] = {
     "corr": np.int64,
     "grid": np.int64,
     "block": np.int64,
+    "loc": np.int32,
 }
+#: What a column holds in rows that do not give it (a block made before the column existed, a hand-made table).
+DEFAULTS: dict[str, Any] = {"enqueue_ns": -1, "pinned": -1, "corr": -1, "loc": -1}
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class Span:
     corr: int = -1
     grid: tuple[int, int, int] | None = None
     block: tuple[int, int, int] | None = None
+    loc: int = -1
 
     @property
     def duration_ns(self) -> int:
@@ -86,9 +91,8 @@ def empty_table(n: int = 0) -> dict[str, np.ndarray]:
     """A table of ``n`` rows with every column present (object column filled with empty strings)."""
     table = {col: np.zeros(n, dtype=dt) for col, dt in COLUMNS.items()}
     table["name"][:] = ""
-    table["pinned"][:] = -1
-    table["enqueue_ns"][:] = -1
-    table["corr"][:] = -1
+    for column, value in DEFAULTS.items():
+        table[column][:] = value
     return table
 
 
@@ -115,6 +119,7 @@ def table_from_records(records: Iterable[Mapping[str, Any]]) -> dict[str, np.nda
         pinned = rec.get("pinned")
         table["pinned"][i] = -1 if pinned is None else int(bool(pinned))
         table["corr"][i] = int(rec.get("corr", -1))
+        table["loc"][i] = int(rec.get("loc", -1))
         for dim in ("grid", "block"):
             value = rec.get(dim)
             if value is not None:
@@ -139,6 +144,7 @@ def spans_of(table: Mapping[str, np.ndarray]) -> list[Span]:
             corr=int(table["corr"][i]),
             grid=unpack_dim3(table["grid"][i]),
             block=unpack_dim3(table["block"][i]),
+            loc=int(table["loc"][i]) if "loc" in table else -1,
         )
         for i in range(n)
     ]

@@ -26,6 +26,8 @@ from gpuworkbench._format import decimal_bytes, duration_ns, gbps, percent
 from gpuworkbench.errors import InvalidArgument
 
 from .analysis.intervals import total_length, union
+from .line_stats import empty_lines, line_columns
+from .lines import Location, short_file
 from .spans import HOST_KINDS, KIND_CODE, KINDS
 
 #: Columns of each table, in order.
@@ -265,7 +267,8 @@ def frame(columns: Mapping[str, Any]) -> Any:
 
 
 class Statistics:
-    """A trace's statistics tables: ``kernels``, ``copies``, ``api`` and ``launch_latency``.
+    """A trace's statistics tables: ``kernels``, ``copies``, ``api``, ``launch_latency`` and ``lines`` (device time
+    per source line, where the trace recorded where ops came from: ``gw.trace(lines=True)``, ``%%gpu``).
 
     Each is a pandas DataFrame (a dict of NumPy columns without pandas); ``device_time_ns`` holds |A| per device,
     the denominator of ``kernels.device_time_pct``. A notebook shows the tables as HTML; ``str()`` as text.
@@ -286,6 +289,8 @@ class Statistics:
         self.copies = frame(self._columns["copies"])
         self.api = frame(self._columns["api"])
         self.launch_latency = frame(self._columns["launch_latency"])
+        self._columns.setdefault("lines", empty_lines())
+        self.lines = frame(self._columns["lines"])
 
     @property
     def empty(self) -> bool:
@@ -342,6 +347,16 @@ class Statistics:
         ]
         headers = (["device"] if several else []) + ["kind", "count", "median", "p95", "max"]
         sections.append(Section("launch latency (start − enqueue)", headers, rows, "no enqueue times recorded"))
+        lines = self._columns["lines"]
+        if len(lines["line"]):
+            rows = [
+                [f"{short_file(str(lines['file'][i]))}:{lines['line'][i]}", _clip(str(lines["source"][i]), 48)]
+                + [str(lines[c][i]) for c in ("ops", "kernels", "copies")]
+                + [duration_ns(lines["device_time_ns"][i]), percent(lines["share_pct"][i])]
+                for i in range(min(len(lines["line"]), SHOWN_ROWS))
+            ]
+            headers = ["line", "source", "ops", "kernels", "copies", "device time", "share"]
+            sections.append(Section("device time by source line", headers, rows, "", len(lines["line"]) - len(rows)))
         return sections
 
     def __str__(self) -> str:
@@ -360,8 +375,13 @@ class Statistics:
         return f"<Statistics: {self.spans} spans, {kernels} kernel names, {len(self.device_time_ns)} device(s)>"
 
 
-def statistics(table: Mapping[str, np.ndarray], device_names: Mapping[int, str] | None = None) -> Statistics:
-    """The statistics tables of a span table (``trace/spans.py`` columns); ``device_names`` label the devices."""
+def statistics(
+    table: Mapping[str, np.ndarray],
+    device_names: Mapping[int, str] | None = None,
+    locations: Sequence[Location] | None = None,
+) -> Statistics:
+    """The statistics tables of a span table (``trace/spans.py`` columns); ``device_names`` label the devices;
+    ``locations`` (the trace's, which the ``loc`` column points into): the lines table too."""
     missing = [col for col in _REQUIRED if col not in table]
     if missing:
         raise InvalidArgument(f"span table lacks column(s) {', '.join(missing)}; build it with trace.spans.empty_table")
@@ -371,6 +391,7 @@ def statistics(table: Mapping[str, np.ndarray], device_names: Mapping[int, str] 
         "copies": copy_columns(table),
         "api": api_columns(table),
         "launch_latency": launch_columns(table),
+        "lines": empty_lines() if locations is None else line_columns(table, locations),
     }
     return Statistics(columns, device_ns, len(table["kind"]), device_names)
 
@@ -378,7 +399,7 @@ def statistics(table: Mapping[str, np.ndarray], device_names: Mapping[int, str] 
 def trace_statistics(trace: Any) -> Statistics:
     """``Trace.statistics``: the tables of a whole trace (waits for pending spans once it stopped)."""
     names = {n: (c.name if c.source == "records" else c.key) for n, c in trace.devices.items()}
-    return statistics(trace.table(), names)
+    return statistics(trace.table(), names, None if trace.lines is None else trace.locations)
 
 
 # --- rendering (shared with trace/compare.py) ------------------------------------------------------------------------

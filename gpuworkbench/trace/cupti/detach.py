@@ -27,11 +27,17 @@ _API_EXIT = 1  # CUPTI_API_EXIT, the first field (callbackSite) of CUpti_Callbac
 _CURRENT: ExitDetach | None = None
 _TRAMPOLINE: Any = None
 _LIBCUDA: Any = None
+#: Who else hears the calls this subscriber's callbacks report: ``fn(cbid, cbdata)`` (the call sites of a trace that
+#: attributes work to source lines), or None.
+HOOK: Any = None
 
 
 def _on_api(_userdata: Any, _domain: int, cbid: int, data: Any) -> None:
     """Every driver API call's entry and exit, on its thread, while a detach is subscribed."""
     try:
+        hook = HOOK
+        if hook is not None:
+            hook(cbid, data)
         detach = _CURRENT
         if detach is None or not data or ctypes.c_int.from_address(data).value != _API_EXIT:
             return
@@ -65,6 +71,7 @@ class ExitDetach:
         self._domain_on = False  # the driver API's callbacks are enabled (armed, watching, or a watch that fired)
         self._work = b""
         self._on_work: Callable[[], None] | None = None
+        self._sites = b""  # driver callback ids enabled one by one for ``HOOK`` (``report_sites``); b"": none
         #: A thread whose work the watch does not report (``threading.get_ident``; 0: none): ours, priming.
         self.ignored_thread = 0
         #: Set once CUPTI is finalized (or the attempt failed: ``status``).
@@ -79,6 +86,8 @@ class ExitDetach:
         lib.cuptiUnsubscribe.restype = ctypes.c_int
         lib.cuptiFinalize.argtypes = []
         lib.cuptiFinalize.restype = ctypes.c_int
+        lib.cuptiEnableCallback.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
+        lib.cuptiEnableCallback.restype = ctypes.c_int
 
     def subscribe(self) -> int:
         """Become CUPTI's callback subscriber, with no callback enabled; 0, or the CUPTI result that refused it
@@ -104,13 +113,36 @@ class ExitDetach:
         return status
 
     def _domain(self, on: bool) -> int:
-        """Enable or disable the driver API's callbacks unless they are so already (under ``_gate``)."""
+        """Enable or disable the driver API's callbacks unless they are so already (under ``_gate``); the calls
+        ``report_sites`` asked for stay enabled."""
         if on == self._domain_on:
             return 0
         status = int(self._lib.cuptiEnableDomain(int(on), self._subscriber, _DRIVER_API_DOMAIN))
         if not status:
             self._domain_on = on
+            if not on and self._sites:
+                self._enable_each(self._sites, True)
         return status
+
+    def report_sites(self, work: bytes) -> int:
+        """Have CUPTI call back at the driver calls ``work`` marks (``work[cbid]`` non-zero), for ``HOOK``; b"" turns
+        them off. 0, or CUPTI's refusal (-1: not subscribed)."""
+        if not self.subscribed or self.done.is_set():
+            return -1
+        with self._gate:
+            old, self._sites = self._sites, work
+            if self._domain_on:
+                return 0  # every call calls back already; a later ``_domain(False)`` keeps these
+            return self._enable_each(work or old, bool(work))
+
+    def _enable_each(self, work: bytes, on: bool) -> int:
+        """Enable or disable the callbacks of the driver calls ``work`` marks, one by one (under ``_gate``)."""
+        for cbid, marked in enumerate(work):
+            if marked:
+                status = int(self._lib.cuptiEnableCallback(int(on), self._subscriber, _DRIVER_API_DOMAIN, cbid))
+                if status:
+                    return status
+        return 0
 
     def watch(self, on_work: Callable[[], None], work: bytes) -> int:
         """Enable the driver API's callbacks and call ``on_work`` at the exit of the first call whose callback id
@@ -161,6 +193,7 @@ class ExitDetach:
                 return
             self._lib.cuptiUnsubscribe(self._subscriber)
             self.subscribed = self.armed = self._domain_on = False
+            self._sites = b""
             self.status = int(self._lib.cuptiFinalize())  # ctypes lets the GIL go meanwhile
             self.finalized = not self.status
             with contextlib.suppress(BaseException):
@@ -198,6 +231,7 @@ class ExitDetach:
         if self.disarm() and self.subscribed:
             self._lib.cuptiUnsubscribe(self._subscriber)
             self.subscribed = self._domain_on = False
+            self._sites = b""
 
 
 class Deadline:

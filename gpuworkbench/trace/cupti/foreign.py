@@ -94,6 +94,9 @@ class ForeignRecords:
         self._cycle = 0
         self.own_addresses: set[int] = set()  # device pointers of the workbench's own buffers
         self.other_bytes: dict[int, int] = {}  # trace device -> other libraries' net device allocations
+        #: ``locate(thread, start, end)`` -> the source location of each API call (CUPTI's clock), where the trace
+        #: attributes lines (``sites.CallSites``); None: spans carry no location.
+        self.locate: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None
 
     def spans(
         self,
@@ -142,6 +145,7 @@ class ForeignRecords:
         corr = rec["correlation_id"].astype(np.int64)
         enqueue = np.full(n, -1, np.int64)
         link = np.full(n, -1, np.int64)
+        loc = np.full(n, -1, np.int64)
         blocks = []
         if calls is not None and calls["start"].size:
             keys = calls["correlation_id"]
@@ -155,7 +159,9 @@ class ForeignRecords:
                 used = at[found]
                 enqueue[found] = calls["start"][used] - offset
                 link[found] = keys[used]
-                blocks.append(self._api_spans(calls, used, device[found], offset))
+                if self.locate is not None:
+                    loc[found] = self.locate(calls["thread"][used], calls["start"][used], calls["end"][used])
+                blocks.append(self._api_spans(calls, used, device[found], offset, loc[found]))
                 keep = np.ones(keys.size, bool)
                 keep[used] = False
                 self._calls = {k: v[keep] for k, v in calls.items()}
@@ -175,12 +181,13 @@ class ForeignRecords:
                 "corr": link,
                 "grid": rec["grid"].astype(np.int64),
                 "block": rec["block"].astype(np.int64),
+                "loc": loc,
             },
         )
         return blocks
 
     def _api_spans(
-        self, calls: dict[str, np.ndarray], rows: np.ndarray, device: np.ndarray, offset: int
+        self, calls: dict[str, np.ndarray], rows: np.ndarray, device: np.ndarray, offset: int, loc: np.ndarray
     ) -> dict[str, np.ndarray]:
         threads = calls["thread"][rows].tolist()
         stream = np.array([self._thread_row(int(d), t) for d, t in zip(device.tolist(), threads)], np.int64)
@@ -202,6 +209,7 @@ class ForeignRecords:
             "corr": calls["correlation_id"][rows],
             "grid": np.zeros(m, np.int64),
             "block": np.zeros(m, np.int64),
+            "loc": loc,
         }
 
     def _demangled(self, name: str) -> str:

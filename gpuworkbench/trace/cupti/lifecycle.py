@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import detach as detach_hook
 from . import kinds
 from .binding import RawCupti, available, import_cupti, open_raw, other_client
 from .clock import TickClock
@@ -415,6 +416,22 @@ class Lifecycle(Tunables):
         self.reattach_token += 1
         self.reattach_timer.disarm()
         self.reattached.set()
+
+    def report_sites(self, hook: Any) -> int:
+        """Have CUPTI's callback hand each driver call that enqueues work to ``hook(cbid, cbdata)``, on the calling
+        thread (``sites.CallSites``); None stops it. 0, or why not: -1 where no subscriber of ours is held (another
+        tool's is), else CUPTI's refusal."""
+        with self.lock:
+            detach = self.detach
+            if hook is None:
+                detach_hook.HOOK = None
+                return 0 if detach is None else max(detach.report_sites(b""), 0)
+            if detach is None or not detach.subscribed or not self.work_cbids:
+                return -1
+            status = detach.report_sites(self.work_cbids)
+            if not status:
+                detach_hook.HOOK = hook
+            return status
 
     def cancel_detach(self, unsubscribe: bool = False) -> None:
         """A source starts (under ``lock``): an armed detach is called off, one under way waited for; ``unsubscribe``:

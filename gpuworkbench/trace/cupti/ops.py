@@ -22,7 +22,9 @@ from ..spans import KIND_CODE
 #: Columns of a packed op row, in order. ``name``: a code into ``CuptiOps.names`` (-1: see ``spilled``); ``many``: the
 #: op may produce several records (a staged copy, a graph launch); ``t0``, ``t1``: the enqueue window on the window
 #: clock (``t0`` is the op's enqueue time); ``thread``: ``threading.get_ident()`` of the enqueuing thread.
-OP_FIELDS: tuple[str, ...] = ("op", "device", "stream", "kind", "bytes", "name", "pinned", "t0", "many", "t1", "thread")
+OP_FIELDS: tuple[str, ...] = (
+    "op", "device", "stream", "kind", "bytes", "name", "pinned", "t0", "many", "t1", "thread", "loc"
+)  # fmt: skip
 ROW = struct.Struct(f"<{len(OP_FIELDS)}q")
 # ... and two more per waiting op: the harvest cycle it was cut in, and the cycle it was first seen done (-1 until).
 _SINCE, _DONE_AT = len(OP_FIELDS), len(OP_FIELDS) + 1
@@ -99,6 +101,7 @@ class CuptiOps:
         many: bool = False,
         t1: int | None = None,
         thread: int = 0,
+        loc: int = -1,
     ) -> None:
         """Hand over one enqueued op (``kind`` is a KIND_CODE) enqueued by ``thread`` between ``t0`` and ``t1``;
         what ``Trace.record_op`` does inline."""
@@ -109,7 +112,7 @@ class CuptiOps:
             self.completions[op_id] = completion
         self.markers[device, stream] = completion  # before the row: a marker is never older than an op cut
         self.rows += ROW.pack(
-            op_id, device, stream, kind, nbytes, code, pinned, t0, many, t0 if t1 is None else t1, thread
+            op_id, device, stream, kind, nbytes, code, pinned, t0, many, t0 if t1 is None else t1, thread, loc
         )
 
     def add_records(self, cols: dict[str, np.ndarray] | None, cycle: int) -> None:
@@ -217,6 +220,7 @@ class CuptiOps:
                 "corr": np.full(dev.size, -1, np.int64),
                 "grid": np.zeros(dev.size, np.int64),
                 "block": np.zeros(dev.size, np.int64),
+                "loc": done[_C["loc"]],
             }
             # The records of the ops made spans go (all of them, when every op waiting had its records): mark their
             # runs of the op-sorted records, then put the marks back in the records' order.

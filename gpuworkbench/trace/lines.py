@@ -1,0 +1,213 @@
+"""Which line of the user's code issued an op: the nearest frame outside libraries, found by walking the stack.
+
+A trace that attributes (``gw.trace(lines=True)``, on in ``%%gpu``) asks ``SourceLines.here()`` as each op is
+enqueued, and CUPTI's callbacks ask the same for every other library's launches and copies (``cupti/sites.py``).
+A location is two frames: the *site*, the innermost frame in user code, and the *line*, the frame in the traced cell
+(``focus``) when the stack passes through it, else the site. So a function defined in an earlier cell and called from
+this one is charged to the calling line, with its own line kept as the site. Locations are interned: a span carries
+a small integer (the ``loc`` column), an index into the trace's ``locations``.
+
+Which frames count as library code is settable: :data:`LIBRARIES` holds path prefixes (site-packages, the standard
+library, gpuworkbench itself) and ``treat_as_library`` adds modules or folders.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+import threading
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the gpuworkbench package
+
+
+def _default_libraries() -> list[str]:
+    paths = {_HERE + os.sep}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        with_sep = sysconfig.get_paths().get(key)
+        if with_sep:
+            paths.add(os.path.join(with_sep, ""))
+    for entry in sys.path:
+        if entry.endswith(("site-packages", "dist-packages")):
+            paths.add(os.path.join(entry, ""))
+    return sorted(paths)
+
+
+#: Path prefixes whose frames are library code: never a location. ``treat_as_library`` adds to it.
+LIBRARIES: list[str] = _default_libraries()
+#: File names (not paths) that are never user code: frozen modules, ``<string>`` from exec of generated code.
+_NEVER = ("<frozen ", "<string>")
+_VERSION = [0]  # bumped by ``treat_as_library``: cached verdicts are dropped
+
+
+def treat_as_library(*names: str) -> list[str]:
+    """Count frames in these modules (imported names, e.g. ``"mymodels"``) or folders as library code, so that work
+    they issue is charged to the user's line that called them; returns the prefixes now in :data:`LIBRARIES`."""
+    for name in names:
+        path = name
+        if os.path.sep not in name and not os.path.exists(name):
+            module = sys.modules.get(name)
+            file = getattr(module, "__file__", None)
+            if file is None:
+                raise ValueError(f"treat_as_library: {name!r} is neither a folder nor an imported module")
+            path = os.path.dirname(file) if os.path.basename(file) == "__init__.py" else file
+        path = os.path.abspath(path)
+        LIBRARIES.append(path + os.sep if os.path.isdir(path) else path)
+    _VERSION[0] += 1
+    return list(LIBRARIES)
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where an op came from: ``file:line`` in ``function`` (the traced cell's line where the stack passed through
+    it), and the innermost user frame (``site_*``; the same where the op was issued on that line itself)."""
+
+    file: str
+    line: int
+    function: str
+    site_file: str = ""
+    site_line: int = 0
+    site_function: str = ""
+
+    @property
+    def source(self) -> str:
+        """The line's text (from the cell or file, as ``linecache`` has it; "" when gone)."""
+        return linecache.getline(self.file, self.line).strip()
+
+    @property
+    def nested(self) -> bool:
+        """Whether the op was issued inside a function the line called (the site is another line)."""
+        return bool(self.site_file) and (self.site_file, self.site_line) != (self.file, self.line)
+
+    def __str__(self) -> str:
+        text = f"{short_file(self.file)}:{self.line}"
+        if self.nested:
+            text += f" (via {self.site_function} at {short_file(self.site_file)}:{self.site_line})"
+        return text
+
+
+def short_file(file: str) -> str:
+    """A file's name as a reader wants it: a cell's name, or the path's last two parts."""
+    if file.startswith("<"):
+        return file
+    parts = file.replace("\\", "/").split("/")
+    return "/".join(parts[-2:])
+
+
+class SourceLines:
+    """One trace's locations (interned) and the cache of which code objects are library code."""
+
+    def __init__(self, focus: tuple[str, ...] = ()) -> None:
+        self.focus = frozenset(focus)  # file names of the traced cell(s)
+        self.locations: list[Location] = []
+        self._index: dict[tuple, int] = {}
+        self._library: dict[Any, bool] = {}  # code object -> library code
+        self._version = _VERSION[0]
+        self._lock = threading.Lock()
+        #: The thread that started the trace: work on a thread without user frames (PyTorch's autograd engine) is
+        #: charged to the line this thread is on.
+        self.home = threading.get_ident()
+
+    @classmethod
+    def holding(cls, locations: list[Location]) -> SourceLines:
+        """A table of these locations, in order (a trace read from a file)."""
+        lines = cls()
+        for location in locations:
+            lines.add(location)
+        return lines
+
+    def set_focus(self, *files: str) -> None:
+        """Charge work to the lines of these files (a cell's compiled name) where the stack passes through them."""
+        self.focus = frozenset(files)
+
+    def _is_library(self, code: Any) -> bool:
+        if self._version != _VERSION[0]:
+            self._library.clear()
+            self._version = _VERSION[0]
+        verdict = self._library.get(code)
+        if verdict is None:
+            file = code.co_filename
+            verdict = file.startswith(_NEVER) or file.startswith(tuple(LIBRARIES))
+            self._library[code] = verdict
+        return verdict
+
+    def at(self, frame: FrameType | None) -> int:
+        """The location code of the stack from ``frame`` outwards (-1: no user frame in it)."""
+        library = self._library
+        site = None
+        while frame is not None:
+            code = frame.f_code
+            verdict = library.get(code)
+            if verdict is None:
+                verdict = self._is_library(code)
+            if not verdict:
+                site = frame
+                break
+            frame = frame.f_back
+        if site is None:
+            return -1
+        line = site
+        focus = self.focus
+        if focus and site.f_code.co_filename not in focus:
+            outer = site.f_back
+            while outer is not None:
+                if outer.f_code.co_filename in focus:
+                    line = outer
+                    break
+                outer = outer.f_back
+        key = (line.f_code, line.f_lineno, site.f_code, site.f_lineno)
+        loc = self._index.get(key)
+        if loc is None:
+            loc = self._intern(key, line, site)
+        return loc
+
+    def _intern(self, key: tuple, line: FrameType, site: FrameType) -> int:
+        with self._lock:
+            loc = self._index.get(key)
+            if loc is None:
+                code, site_code = line.f_code, site.f_code
+                self.locations.append(
+                    Location(
+                        code.co_filename,
+                        key[1],
+                        code.co_name,
+                        site_code.co_filename,
+                        key[3],
+                        site_code.co_name,
+                    )
+                )
+                loc = self._index[key] = len(self.locations) - 1
+        return loc
+
+    def here(self, skip: int = 1) -> int:
+        """The location code of the caller's stack (``skip`` frames above this one), or of the home thread's where
+        this thread has no user frame."""
+        loc = self.at(sys._getframe(skip))  # noqa: SLF001 - the one cheap way to the caller's frame
+        if loc < 0 and threading.get_ident() != self.home:
+            loc = self.at(sys._current_frames().get(self.home))  # noqa: SLF001
+        return loc
+
+    def add(self, location: Location) -> int:
+        """Intern a location read from elsewhere (a Kineto file, another trace); its code."""
+        key = (location,)
+        with self._lock:
+            loc = self._index.get(key)
+            if loc is None:
+                self.locations.append(location)
+                loc = self._index[key] = len(self.locations) - 1
+        return loc
+
+
+def remap(codes: Any, locations: list[Location], into: SourceLines) -> Any:
+    """``codes`` (a loc column of a trace whose table is ``locations``) as codes of ``into`` (merging traces)."""
+    import numpy as np
+
+    codes = np.asarray(codes)
+    if not locations:
+        return np.full(codes.shape, -1, np.int32)
+    lookup = np.array([into.add(loc) for loc in locations], np.int32)
+    return np.where(codes >= 0, lookup[np.clip(codes, 0, None)], -1).astype(np.int32)
