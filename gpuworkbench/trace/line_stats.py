@@ -25,12 +25,13 @@ _COPY = np.array([k in ("h2d", "d2h", "d2d") for k in KINDS])
 
 
 def line_keys(locations: Sequence[Location]) -> tuple[np.ndarray, list[tuple[str, int, str, str]]]:
-    """Each location's line (file, line, function, source) as a group number, and the groups."""
-    groups: dict[tuple[str, int], int] = {}
+    """Each location's line (file, line, function, source) as a group number, and the groups (a loaded trace's
+    locations of one line that differ by ``text``, the call each made, are groups of their own)."""
+    groups: dict[tuple[str, int, str], int] = {}
     rows: list[tuple[str, int, str, str]] = []
     codes = np.empty(len(locations), np.int64)
     for i, loc in enumerate(locations):
-        key = (loc.file, loc.line)
+        key = (loc.file, loc.line, loc.text)
         g = groups.get(key)
         if g is None:
             g = groups[key] = len(rows)

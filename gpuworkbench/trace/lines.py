@@ -72,11 +72,13 @@ class Location:
     site_file: str = ""
     site_line: int = 0
     site_function: str = ""
+    #: What to show for the line where its text cannot be read (a trace loaded from a file: the call it made).
+    text: str = ""
 
     @property
     def source(self) -> str:
-        """The line's text (from the cell or file, as ``linecache`` has it; "" when gone)."""
-        return linecache.getline(self.file, self.line).strip()
+        """The line's text (from the cell or file, as ``linecache`` has it), else ``text``."""
+        return linecache.getline(self.file, self.line).strip() or self.text
 
     @property
     def nested(self) -> bool:
