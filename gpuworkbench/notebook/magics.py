@@ -41,7 +41,10 @@ LINE_USAGE = """\
 %gpu bench crossover [OP ...] [--sizes N,N,...] [--repeats R] [--budget S] [--refresh]
                                   from which size each library op (all: no OP) beats NumPy, with and without
                                   copies: a table and a log-log plot (cached per device; --refresh measures again)"""
-CELL_USAGE = "%%gpu [-o NAME] [--no-show] [--device BACKEND[:N]]   trace the cell; show timeline, memory and summary"
+CELL_USAGE = (
+    "%%gpu [-o NAME] [--no-show] [--no-lines] [--device BACKEND[:N]]   trace the cell; show its lines' device time, "
+    "timeline, memory and summary"
+)
 
 
 def register(ipython: Any) -> None:
@@ -303,7 +306,7 @@ class GpuMagics(Magics):
         """Run ``cell`` inside a trace, record it in the history, show it, and return its last value."""
         __tracebackhide__ = True
         try:
-            opts, rest = self.parse_options(line, "o:", "no-show", "device=")
+            opts, rest = self.parse_options(line, "o:", "no-show", "no-lines", "device=")
         except UsageError as exc:
             error("%%gpu", f"{exc}\nusage: {CELL_USAGE}")
             return None
@@ -322,7 +325,9 @@ class GpuMagics(Magics):
             os.environ["GPUWB_DEVICE"] = dev.spec  # gw.Device() inside the cell gets it
 
         body, last = self._compile(cell)
-        trace = new_trace()
+        trace = new_trace(lines="no-lines" not in opts)
+        if trace.lines is not None:  # each op is charged to the line of this cell that issued it
+            trace.lines.set_focus(body.co_filename)
         namespace = self.shell.user_ns
         record = TraceRecord(RUNNING_CELL, time.time(), 0.0, (0, 0), None, None, None, trace, name)
         trace.start()

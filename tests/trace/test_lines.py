@@ -1,0 +1,179 @@
+"""Which line did that: every op of a traced cell carries the line that issued it (CPU backend; CUDA on the GPU)."""
+
+from __future__ import annotations
+
+import ctypes
+import linecache
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import gpuworkbench as gw
+from gpuworkbench.trace import lines as lines_mod
+from gpuworkbench.trace.cupti.sites import CallSites
+from gpuworkbench.trace.lines import Location, SourceLines
+
+CELL = """\
+small = dev.alloc(1 << 10, "float32")
+big = dev.alloc(1 << 18, "float32")
+small.copy_from_host(np.ones(1 << 10, np.float32))
+for _ in range(3):
+    big.copy_from_host(np.ones(1 << 18, np.float32))
+out = big.copy_to_host()
+"""
+
+
+def _by_line(trace) -> dict[int, tuple[int, int]]:
+    """line -> (ops, bytes) of the device work charged to it."""
+    table = trace.table()
+    out: dict[int, tuple[int, int]] = {}
+    work = np.isin(table["kind"], [0, 1, 2, 3, 4])
+    for loc, nbytes in zip(table["loc"][work].tolist(), table["bytes"][work].tolist()):
+        line = trace.locations[loc].line if loc >= 0 else -1
+        ops, total = out.get(line, (0, 0))
+        out[line] = (ops + 1, total + nbytes)
+    return out
+
+
+def test_a_cells_ops_are_each_charged_to_their_line(shell) -> None:
+    shell.user_ns.update(dev=gw.Device("cpu"), np=np)
+    shell.run_cell(f"%%gpu -o t --no-show\n{CELL}").raise_error()
+    t = shell.user_ns["t"]
+    assert _by_line(t) == {3: (1, 4 << 10), 5: (3, 3 * (4 << 18)), 6: (1, 4 << 18)}
+    cell_file = t.locations[0].file
+    assert all(loc.file == cell_file and loc.function == "<module>" for loc in t.locations)
+    lines = t.statistics().lines
+    rows = {int(n): (int(o), int(c), str(s)) for n, o, c, s in zip(lines["line"], lines["ops"], lines["copies"],
+                                                                     lines["source"])}  # fmt: skip
+    assert rows[5] == (3, 3, "big.copy_from_host(np.ones(1 << 18, np.float32))")
+    assert rows[6] == (1, 1, "out = big.copy_to_host()")
+    assert abs(float(np.sum(lines["share_pct"])) - 100.0) < 1e-6
+    assert int(np.sum(lines["device_time_ns"])) > 0
+
+
+def test_a_function_from_an_earlier_cell_is_charged_to_the_calling_line(shell) -> None:
+    shell.user_ns.update(dev=gw.Device("cpu"), np=np)
+    shell.run_cell(
+        "def fill(buf, n):\n    for _ in range(n):\n        buf.copy_from_host(np.ones(buf.length, np.float32))\n"
+    )
+    shell.run_cell("b = dev.alloc(256, 'float32')")
+    shell.run_cell("%%gpu -o t --no-show\nx = 1\nfill(b, 2)\nfill(b, 1)\n").raise_error()
+    t = shell.user_ns["t"]
+    assert _by_line(t) == {2: (2, 2048), 3: (1, 1024)}
+    site = {(loc.line, loc.site_line, loc.site_function) for loc in t.locations}
+    assert site == {(2, 3, "fill"), (3, 3, "fill")}
+    assert all(loc.nested and loc.site_file != loc.file for loc in t.locations)
+    assert "via fill" in str(t.locations[0])
+
+
+def test_no_lines_leaves_spans_without_a_location(shell) -> None:
+    shell.user_ns.update(dev=gw.Device("cpu"), np=np)
+    shell.run_cell(f"%%gpu -o t --no-show --no-lines\n{CELL}").raise_error()
+    t = shell.user_ns["t"]
+    assert t.lines is None and t.locations == []
+    assert (t.table()["loc"] == -1).all()
+    assert len(t.statistics().lines["line"]) == 0
+
+
+def _cell(name: str, source: str):
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    return compile(source, name, "exec")
+
+
+def test_ops_from_two_threads_get_their_own_threads_lines() -> None:
+    dev = gw.Device("cpu")
+    a, b = dev.alloc(64, "float32"), dev.alloc(64, "float32")
+    host = np.ones(64, np.float32)
+    go = threading.Barrier(2)
+    work = _cell("<threads>", "def left():\n    go.wait()\n    a.copy_from_host(host)\n    a.copy_from_host(host)\n"
+                              "def right():\n    go.wait()\n    b.copy_from_host(host)\n")  # fmt: skip
+    env = {"a": a, "b": b, "host": host, "go": go}
+    exec(work, env)
+    with gw.trace(lines=True) as t:
+        threads = [threading.Thread(target=env[f]) for f in ("left", "right")]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    t.wait_pending()
+    table = t.table()
+    by_function = {(loc.function, loc.line) for loc in (t.locations[i] for i in table["loc"] if i >= 0)}
+    assert by_function == {("left", 3), ("left", 4), ("right", 7)}
+
+
+def test_library_code_is_skipped_and_treat_as_library_moves_the_charge_up(tmp_path, monkeypatch) -> None:
+    helper = tmp_path / "helpers_for_lines.py"
+    helper.write_text("def upload(buf, host):\n    buf.copy_from_host(host)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import helpers_for_lines
+
+    monkeypatch.setattr(lines_mod, "LIBRARIES", list(lines_mod.LIBRARIES))
+    dev = gw.Device("cpu")
+    buf, host = dev.alloc(16, "float32"), np.ones(16, np.float32)
+    code = _cell("<caller>", "x = 0\nupload(buf, host)\n")
+    env = {"upload": helpers_for_lines.upload, "buf": buf, "host": host}
+    with gw.trace(lines=True) as t:
+        exec(code, env)
+    assert [(loc.file, loc.line) for loc in t.locations] == [(str(helper), 2)]
+    lines_mod.treat_as_library("helpers_for_lines")
+    with gw.trace(lines=True) as t2:
+        exec(code, env)
+    assert [(loc.file, loc.line) for loc in t2.locations] == [("<caller>", 2)]
+    with pytest.raises(ValueError, match="neither a folder nor an imported module"):
+        lines_mod.treat_as_library("no_such_module_here")
+
+
+def test_work_on_a_thread_without_user_frames_is_charged_to_the_home_threads_line() -> None:
+    lines = SourceLines()
+    ready, done = threading.Event(), threading.Event()
+    seen = []
+
+    def worker() -> None:  # a thread of a library (PyTorch's autograd engine): only library frames
+        ready.wait()
+        seen.append(lines.here(1))
+        done.set()
+
+    lines_mod.LIBRARIES.append(__file__)
+    try:
+        th = threading.Thread(target=worker)
+        th.start()
+        code = _cell("<home>", "ready.set()\ndone.wait()\n")
+        exec(code, {"ready": ready, "done": done})
+        th.join()
+    finally:
+        lines_mod.LIBRARIES.remove(__file__)
+        lines_mod._VERSION[0] += 1
+    assert [lines.locations[i] for i in seen] == [Location("<home>", 2, "<module>", "<home>", 2, "<module>")]
+
+
+def test_call_sites_log_entries_and_join_api_calls_by_thread_and_time() -> None:
+    lines = SourceLines()
+    work = bytes([0, 1, 0])
+    sites = CallSites(lines, work)
+    enter, leave = ctypes.c_int(0), ctypes.c_int(1)
+    code = _cell("<sites>", "hook(1, e)\nhook(1, x)\nhook(2, e)\nhook(1, e)\n")
+    exec(
+        code, {"hook": lambda cbid, data: sites(cbid, data), "e": ctypes.addressof(enter), "x": ctypes.addressof(leave)}
+    )
+    # frame 2 above the hook (the lambda stands for detach._on_api) is the cell: its lines are the sites
+    assert sites.calls == 2 and len(sites.log) == 2
+    thread = sites.log[0][0]
+    (t0, l0), (t1, l1) = [(t, loc) for _, t, loc in sites.log]
+    got = sites.locate(
+        np.array([thread, thread, thread + 1, thread]),
+        np.array([t0 - 5, t1, t0 - 5, t1 + 10]),
+        np.array([t0 + 5, t1 + 1, t0 + 5, t1 + 20]),
+    )
+    assert got.tolist() == [l0, l1, -1, -1]
+    assert [lines.locations[l0].line, lines.locations[l1].line] == [1, 4]
+
+
+def test_call_sites_skip_calls_made_by_our_own_code() -> None:
+    sites = CallSites(SourceLines(), bytes([0, 1]))
+    enter = ctypes.c_int(0)
+    package = os.path.dirname(gw.__file__)
+    ours = compile("hook(1, e)\n", os.path.join(package, "fake_module_for_test.py"), "exec")
+    exec(ours, {"hook": lambda cbid, data: sites(cbid, data), "e": ctypes.addressof(enter)})
+    assert sites.log == [] and sites.calls == 0
