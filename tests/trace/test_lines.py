@@ -25,6 +25,16 @@ out = big.copy_to_host()
 """
 
 
+@pytest.fixture
+def cell_shell(shell):
+    """The IPython shell, with the names these cells make taken out of its namespace afterwards (their buffers
+    freed): the shell is one instance for the whole test run."""
+    before = set(shell.user_ns)
+    yield shell
+    for name in set(shell.user_ns) - before:
+        shell.user_ns.pop(name, None)
+
+
 def _by_line(trace) -> dict[int, tuple[int, int]]:
     """line -> (ops, bytes) of the device work charged to it."""
     table = trace.table()
@@ -37,7 +47,8 @@ def _by_line(trace) -> dict[int, tuple[int, int]]:
     return out
 
 
-def test_a_cells_ops_are_each_charged_to_their_line(shell) -> None:
+def test_a_cells_ops_are_each_charged_to_their_line(cell_shell) -> None:
+    shell = cell_shell
     shell.user_ns.update(dev=gw.Device("cpu"), np=np)
     shell.run_cell(f"%%gpu -o t --no-show\n{CELL}").raise_error()
     t = shell.user_ns["t"]
@@ -53,7 +64,8 @@ def test_a_cells_ops_are_each_charged_to_their_line(shell) -> None:
     assert int(np.sum(lines["device_time_ns"])) > 0
 
 
-def test_a_function_from_an_earlier_cell_is_charged_to_the_calling_line(shell) -> None:
+def test_a_function_from_an_earlier_cell_is_charged_to_the_calling_line(cell_shell) -> None:
+    shell = cell_shell
     shell.user_ns.update(dev=gw.Device("cpu"), np=np)
     shell.run_cell(
         "def fill(buf, n):\n    for _ in range(n):\n        buf.copy_from_host(np.ones(buf.length, np.float32))\n"
@@ -68,7 +80,8 @@ def test_a_function_from_an_earlier_cell_is_charged_to_the_calling_line(shell) -
     assert "via fill" in str(t.locations[0])
 
 
-def test_no_lines_leaves_spans_without_a_location(shell) -> None:
+def test_no_lines_leaves_spans_without_a_location(cell_shell) -> None:
+    shell = cell_shell
     shell.user_ns.update(dev=gw.Device("cpu"), np=np)
     shell.run_cell(f"%%gpu -o t --no-show --no-lines\n{CELL}").raise_error()
     t = shell.user_ns["t"]
