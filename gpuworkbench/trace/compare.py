@@ -3,12 +3,14 @@
 ``compare(a, b)`` takes two ``Trace`` objects (recorded, built with ``Trace.from_records`` or read by
 ``gw.load_trace``) and gives a ``Comparison``: per device, the DESIGN §6 figures of each run (wall time of the window
 W, overlap %, idle %, pipeline efficiency, from ``analysis.summarize``) and every kernel name's count and total time
-on each side, marked added, removed, slower, faster or same, biggest change in total time first. ``figure()`` lays
-the two timelines one above the other on one shared time axis, each run's time counted from its own first span, so
-that two runs line up::
+on each side, marked added, removed, slower, faster or same, biggest change in total time first; where both traces
+recorded source lines (``gw.trace(lines=True)``, ``%%gpu``), each line's device time on each side (``lines``, matched
+by the line's text: ``compare_lines.py``). ``figure()`` lays the two timelines one above the other on one shared
+time axis, each run's time counted from its own first span, so that two runs line up::
 
     diff = gw.compare(before, after, labels=("before", "after"))
     diff.table           # a pandas DataFrame (a dict of NumPy columns without pandas)
+    diff.lines           # device time per source line in each run, the delta and ratio
     diff.figure()        # two timelines, one x range
 """
 
@@ -23,6 +25,7 @@ from gpuworkbench._format import duration_ns
 from gpuworkbench.errors import InvalidArgument
 
 from .analysis import Summary, summarize
+from .compare_lines import empty_line_changes, line_change_columns, line_changes_section
 from .recorder import Trace, pictures
 from .statistics import SHOWN_ROWS, Section, factorize, frame, kernel_columns
 
@@ -40,12 +43,17 @@ KERNEL_CHANGES = ("added", "removed", "slower", "faster", "same")
 
 
 class Comparison:
-    """What changed from trace ``a`` to trace ``b``: ``table`` (see ``compare``), ``summaries`` and ``figure()``.
+    """What changed from trace ``a`` to trace ``b``: ``table`` (see ``compare``), ``lines``, ``summaries`` and
+    ``figure()``.
 
     ``table`` has a row per (device, figure) in section "trace", then a row per (device, kernel name) in section
     "kernel", those sorted by |delta| of total time. ``a`` and ``b`` hold each side's value (ns, %, or a 0–1 ratio:
     ``unit`` says which; NaN where a side lacks it), ``delta`` = b − a, ``ratio`` = b / a (NaN when a is 0), and
     ``count_a`` / ``count_b`` the kernels' instances (−1 on trace rows).
+
+    ``lines`` has a row per source line either trace ran device work from (``compare_lines.LINE_CHANGE_COLUMNS``):
+    its line number in each (−1 where absent), text, ops and device time in each, ``delta_ns`` = b − a and ``ratio``
+    = b / a, by |delta_ns| first; no rows unless both traces recorded lines.
     """
 
     def __init__(
@@ -55,11 +63,14 @@ class Comparison:
         labels: tuple[str, str],
         columns: Mapping[str, np.ndarray],
         summaries: tuple[Summary, Summary],
+        lines: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         self.traces, self.labels, self.summaries = traces, labels, summaries
         self._tables = tables
         self._columns = dict(columns)
         self.table = frame(self._columns)
+        self._lines = dict(lines) if lines is not None else empty_line_changes()
+        self.lines = frame(self._lines)
 
     @property
     def unchanged(self) -> bool:
@@ -101,6 +112,8 @@ class Comparison:
         note = "no kernel changed" if kernel_rows.size else "no kernels in either"
         more = changed.size - len(rows)
         sections.append(Section(title, headers + (["device"] if several else []), rows, note, more))
+        if len(self._lines["delta_ns"]):
+            sections.append(line_changes_section(self._lines, self.labels))
         return sections
 
     def __str__(self) -> str:
@@ -239,7 +252,8 @@ def _kernel_rows(kernels: tuple[Mapping[str, Any], Mapping[str, Any]], tolerance
 
 def compare(a: Trace, b: Trace, labels: Sequence[str] = ("a", "b"), tolerance: float = 0.0) -> Comparison:
     """What changed from trace ``a`` to trace ``b``: wall time, overlap %, idle %, pipeline efficiency, and kernels
-    added, removed, slower or faster by total time (see ``Comparison``). Waits for pending spans of stopped traces.
+    added, removed, slower or faster by total time, and where both recorded source lines, each line's device time
+    (see ``Comparison``). Waits for pending spans of stopped traces.
 
     ``tolerance``: a kernel whose total changed by at most this fraction of a's counts as "same" (0: any change).
     """
@@ -252,4 +266,6 @@ def compare(a: Trace, b: Trace, labels: Sequence[str] = ("a", "b"), tolerance: f
     metrics = _metric_rows(summaries)
     kernels = _kernel_rows((kernel_columns(tables[0]), kernel_columns(tables[1])), tolerance)
     columns = {name: np.concatenate([metrics[name], kernels[name]]) for name in COLUMNS}
-    return Comparison(traces, tables, labels, columns, summaries)
+    locations = [None if t.lines is None else t.locations for t in traces]
+    lines = line_change_columns(tables, locations)
+    return Comparison(traces, tables, labels, columns, summaries, lines)

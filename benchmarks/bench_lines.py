@@ -1,0 +1,250 @@
+"""Which line did that, on a GPU: our lines against torch.profiler(with_stack=True)'s, and what attribution costs.
+
+    python benchmarks/bench_lines.py proof [--steps 5]     # kernels charged to the same cell line as the profiler's
+    python benchmarks/bench_lines.py cost [--rounds 9]     # launch loops and a training cell, lines on / off
+    python benchmarks/bench_lines.py all
+
+``proof`` runs a small CNN's training steps as a notebook cell would (code compiled under a cell's name, forward,
+loss, backward and optimizer on lines of their own), once in ``gw.trace(lines=True)`` with the cell as focus and once
+in ``torch.profiler.profile(with_stack=True)``. For each kernel the profiler gives a stack for, its innermost line
+of the cell is its line; ours is the span's location. Kernels are matched by name: per kernel name, the lines each
+side gives are compared as multisets, and the share of the profiler's kernels that we charge to the same line is the
+match. ``cost`` interleaves rounds: an empty-kernel loop of our ``Kernel`` and of CuPy's ``RawKernel`` (µs per
+launch) in a trace with lines off and on, and the training cell untraced, in ``gw.trace()``, in
+``gw.trace(lines=True)`` and in ``torch.profiler(with_stack=True)`` (ms per cell, the trace's records waited for).
+Each result is one JSON line; ratios are medians of the interleaved pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import linecache
+import statistics
+import sys
+import time
+from typing import Any
+
+CELL_NAME = "<ipython-input-12-0a1b2c3d>"
+CELL = """\
+x = torch.randn(64, 3, 32, 32, device="cuda")
+y = torch.randint(0, 10, (64,), device="cuda")
+for _ in range(steps):
+    out = model(x)
+    loss = torch.nn.functional.cross_entropy(out, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def emit(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def _cell():
+    linecache.cache[CELL_NAME] = (len(CELL), None, CELL.splitlines(True), CELL_NAME)
+    return compile(CELL, CELL_NAME, "exec")
+
+
+def _model():
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(4),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32 * 16, 10),
+    ).cuda()
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def _innermost_cell_line(stack: list[str]) -> int | None:
+    """The line of the innermost frame of the cell in a profiler stack ("file(line): function", innermost first)."""
+    for entry in stack:
+        if entry.startswith(CELL_NAME + "("):
+            return int(entry[len(CELL_NAME) + 1 : entry.index(")", len(CELL_NAME))])
+    return None
+
+
+def proof(steps: int) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import gpuworkbench as gw
+
+    code = _cell()
+    model, opt = _model()
+    env = {"torch": torch, "model": model, "opt": opt, "steps": 2}
+    exec(code, env)  # warm: cuDNN's choices, the optimizer's state
+    torch.cuda.synchronize()
+    env["steps"] = steps
+
+    with gw.trace(lines=True) as t:
+        t.lines.set_focus(CELL_NAME)
+        exec(code, env)
+        torch.cuda.synchronize()
+    t.wait_pending()
+    table = t.table()
+    kernel = table["kind"] == 4
+    ours: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    unplaced = 0
+    for name, loc in zip(table["name"][kernel].tolist(), table["loc"][kernel].tolist()):
+        where = t.locations[loc] if loc >= 0 else None
+        line = where.line if where is not None and where.file == CELL_NAME else None
+        unplaced += line is None
+        ours[name][line] += 1
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        exec(code, env)
+        torch.cuda.synchronize()
+    theirs: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    no_stack = 0
+    for event in prof.events():
+        kernels = list(getattr(event, "kernels", []) or [])
+        if not kernels:
+            continue
+        holder, line = event, None
+        while holder is not None and line is None:
+            line = _innermost_cell_line(list(holder.stack or []))
+            holder = holder.cpu_parent
+        for k in kernels:
+            if line is None:
+                no_stack += 1
+            theirs[k.name][line] += 1
+    total = sum(sum(c.values()) for c in theirs.values())
+    with_line = sum(n for c in theirs.values() for line, n in c.items() if line is not None)
+    matched = sum(
+        min(n, ours.get(name, collections.Counter())[line])
+        for name, c in theirs.items()
+        for line, n in c.items()
+        if line is not None
+    )
+    # Kernels the profiler gives no stack for (backward runs on the autograd engine's thread): where we put them.
+    placed_without_stack = collections.Counter()
+    for name, c in theirs.items():
+        if c.get(None):
+            for line, n in ours.get(name, {}).items():
+                placed_without_stack[line] += n
+    emit(
+        proof="lines vs torch.profiler(with_stack=True)",
+        steps=steps,
+        our_kernels=int(kernel.sum()),
+        our_kernels_without_cell_line=unplaced,
+        profiler_kernels=total,
+        profiler_kernels_with_stack=with_line,
+        matched=matched,
+        match_pct=round(100.0 * matched / with_line, 2) if with_line else None,
+        profiler_kernels_without_stack=no_stack,
+        ours_for_kernels_the_profiler_gives_no_stack={str(k): v for k, v in placed_without_stack.items()},
+        our_lines={str(r["line"]): int(r["ops"]) for r in _rows(t.statistics().lines)},
+        sites_logged=t._sites.calls if t._sites is not None else None,
+        warnings=t.stats.warnings,
+    )
+
+
+def _rows(frame: Any) -> list[dict[str, Any]]:
+    columns = {c: list(frame[c]) for c in ("line", "ops")}
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+
+def cost(rounds: int) -> None:
+    import cupy as cp
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import gpuworkbench as gw
+
+    dev = gw.Device("cuda:0")
+    k = dev.compile('extern "C" __global__ void e(float *b) {}', "e")
+    b = dev.alloc(1, "float32")
+    s = dev.create_stream("bench-lines")
+    raw = cp.RawKernel('extern "C" __global__ void e() {}', "e")
+    n = 4000
+
+    def gw_loop() -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            k(1, 32, (b,), stream=s)
+        s.synchronize()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def cupy_loop() -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            raw((1,), (1,), ())
+        cp.cuda.Device().synchronize()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    code = _cell()
+    model, opt = _model()
+    env = {"torch": torch, "model": model, "opt": opt, "steps": 10}
+    exec(code, env)
+    torch.cuda.synchronize()
+
+    def cell(how: str) -> float:
+        t0 = time.perf_counter()
+        if how == "untraced":
+            exec(code, env)
+            torch.cuda.synchronize()
+        elif how == "profiler":
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True):
+                exec(code, env)
+                torch.cuda.synchronize()
+        else:
+            with gw.trace(lines=how == "lines") as t:
+                if t.lines is not None:
+                    t.lines.set_focus(CELL_NAME)
+                exec(code, env)
+                torch.cuda.synchronize()
+            t.wait_pending()
+        return (time.perf_counter() - t0) * 1e3
+
+    loops = {"gw": gw_loop, "cupy": cupy_loop}
+    results: dict[str, list[float]] = collections.defaultdict(list)
+    for loop in loops.values():
+        loop()
+    for r in range(rounds):
+        order = ("off", "on") if r % 2 == 0 else ("on", "off")
+        for which, loop in loops.items():
+            for lines in order:
+                with gw.trace(lines=lines == "on") as t:
+                    loop()  # warm: the trace's first launches
+                    results[f"{which} {lines}"].append(loop())
+                t.wait_pending()
+        hows = ["untraced", "trace", "lines", "profiler"]
+        for how in hows if r % 2 == 0 else reversed(hows):
+            results[f"cell {how}"].append(cell(how))
+    for key, values in results.items():
+        emit(measure=key, median=round(statistics.median(values), 3), values=[round(v, 3) for v in values])
+    for which in loops:
+        pairs = [a / b for a, b in zip(results[f"{which} on"], results[f"{which} off"])]
+        emit(ratio=f"{which} launch, lines on / off", median=round(statistics.median(pairs), 3),
+             pairs=[round(p, 3) for p in pairs])  # fmt: skip
+    for how in ("lines", "profiler", "untraced"):
+        pairs = [a / b for a, b in zip(results[f"cell {how}"], results["cell trace"])]
+        emit(ratio=f"cell {how} / cell trace", median=round(statistics.median(pairs), 3))
+    pairs = [a / b for a, b in zip(results["cell lines"], results["cell profiler"])]
+    emit(ratio="cell lines / cell profiler(with_stack)", median=round(statistics.median(pairs), 3))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=("proof", "cost", "all"))
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args()
+    emit(python=sys.version.split()[0])
+    if args.mode in ("proof", "all"):
+        proof(args.steps)
+    if args.mode in ("cost", "all"):
+        cost(args.rounds)
+
+
+if __name__ == "__main__":
+    main()
