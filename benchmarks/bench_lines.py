@@ -103,6 +103,15 @@ def proof(steps: int) -> None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         exec(code, env)
         torch.cuda.synchronize()
+    shown = 0
+    for event in prof.events():
+        if getattr(event, "kernels", None) and shown < 6:
+            shown += 1
+            chain, holder = [], event.cpu_parent
+            while holder is not None and len(chain) < 4:
+                chain.append((holder.name, list(holder.stack or [])[:3]))
+                holder = holder.cpu_parent
+            emit(event=event.name, thread=event.thread, stack=list(event.stack or [])[:6], parents=chain)
     theirs: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     no_stack = 0
     for event in prof.events():
@@ -197,7 +206,9 @@ def cost(rounds: int) -> None:
                 exec(code, env)
                 torch.cuda.synchronize()
         else:
-            with gw.trace(lines=how == "lines") as t:
+            with gw.trace(lines=how in ("lines", "lines-no-sites")) as t:
+                if how == "lines-no-sites":
+                    gw.cupti.LIFECYCLE.report_sites(None)
                 if t.lines is not None:
                     t.lines.set_focus(CELL_NAME)
                 exec(code, env)
@@ -212,21 +223,26 @@ def cost(rounds: int) -> None:
     for r in range(rounds):
         order = ("off", "on") if r % 2 == 0 else ("on", "off")
         for which, loop in loops.items():
-            for lines in order:
-                with gw.trace(lines=lines == "on") as t:
+            for lines in (*order, "on-no-sites"):
+                with gw.trace(lines=lines != "off") as t:
+                    if lines == "on-no-sites":  # where the walk alone costs: CUPTI's callbacks off
+                        gw.cupti.LIFECYCLE.report_sites(None)
                     loop()  # warm: the trace's first launches
                     results[f"{which} {lines}"].append(loop())
                 t.wait_pending()
-        hows = ["untraced", "trace", "lines", "profiler"]
+                if r == 0:
+                    emit(loop=which, lines=lines, sites=t._sites.calls if t._sites else None, warnings=t.stats.warnings)
+        hows = ["untraced", "trace", "lines", "lines-no-sites", "profiler"]
         for how in hows if r % 2 == 0 else reversed(hows):
             results[f"cell {how}"].append(cell(how))
     for key, values in results.items():
         emit(measure=key, median=round(statistics.median(values), 3), values=[round(v, 3) for v in values])
     for which in loops:
-        pairs = [a / b for a, b in zip(results[f"{which} on"], results[f"{which} off"])]
-        emit(ratio=f"{which} launch, lines on / off", median=round(statistics.median(pairs), 3),
-             pairs=[round(p, 3) for p in pairs])  # fmt: skip
-    for how in ("lines", "profiler", "untraced"):
+        for on in ("on", "on-no-sites"):
+            pairs = [a / b for a, b in zip(results[f"{which} {on}"], results[f"{which} off"])]
+            emit(ratio=f"{which} launch, lines {on} / off", median=round(statistics.median(pairs), 3),
+                 pairs=[round(p, 3) for p in pairs])  # fmt: skip
+    for how in ("lines", "lines-no-sites", "profiler", "untraced"):
         pairs = [a / b for a, b in zip(results[f"cell {how}"], results["cell trace"])]
         emit(ratio=f"cell {how} / cell trace", median=round(statistics.median(pairs), 3))
     pairs = [a / b for a, b in zip(results["cell lines"], results["cell profiler"])]

@@ -106,8 +106,12 @@ class SourceLines:
     def __init__(self, focus: tuple[str, ...] = ()) -> None:
         self.focus = frozenset(focus)  # file names of the traced cell(s)
         self.locations: list[Location] = []
-        self._index: dict[tuple, int] = {}
-        self._library: dict[Any, bool] = {}  # code object -> library code
+        self._index: dict[tuple, int] = {}  # a location's fields -> its code
+        self._at: dict[tuple[int, int, int, int], int] = {}  # (id(code), offset) of the line and site -> code
+        self._codes: list[Any] = []
+        #: id(code object) -> (library code?, the code object, held so that its id is not reused). By id: hashing a
+        #: code object hashes its bytecode and constants (µs for a large function), on the path of every op.
+        self._library: dict[int, tuple[bool, Any]] = {}
         self._version = _VERSION[0]
         self._lock = threading.Lock()
         #: The thread that started the trace: work on a thread without user frames (PyTorch's autograd engine) is
@@ -130,11 +134,9 @@ class SourceLines:
         if self._version != _VERSION[0]:
             self._library.clear()
             self._version = _VERSION[0]
-        verdict = self._library.get(code)
-        if verdict is None:
-            file = code.co_filename
-            verdict = file.startswith(_NEVER) or file.startswith(tuple(LIBRARIES))
-            self._library[code] = verdict
+        file = code.co_filename
+        verdict = file.startswith(_NEVER) or file.startswith(tuple(LIBRARIES))
+        self._library[id(code)] = (verdict, code)
         return verdict
 
     def at(self, frame: FrameType | None) -> int:
@@ -143,10 +145,8 @@ class SourceLines:
         site = None
         while frame is not None:
             code = frame.f_code
-            verdict = library.get(code)
-            if verdict is None:
-                verdict = self._is_library(code)
-            if not verdict:
+            known = library.get(id(code))
+            if not (self._is_library(code) if known is None else known[0]):
                 site = frame
                 break
             frame = frame.f_back
@@ -161,27 +161,21 @@ class SourceLines:
                     line = outer
                     break
                 outer = outer.f_back
-        key = (line.f_code, line.f_lineno, site.f_code, site.f_lineno)
-        loc = self._index.get(key)
+        # By instruction offset first: a frame's line number is worked out from its code's line table on each read.
+        fast = (id(line.f_code), line.f_lasti, id(site.f_code), site.f_lasti)
+        loc = self._at.get(fast)
         if loc is None:
-            loc = self._intern(key, line, site)
+            loc = self._at[fast] = self._intern(line, site)
         return loc
 
-    def _intern(self, key: tuple, line: FrameType, site: FrameType) -> int:
+    def _intern(self, line: FrameType, site: FrameType) -> int:
+        key = (line.f_code.co_filename, line.f_lineno, line.f_code.co_name, site.f_code.co_filename, site.f_lineno,
+               site.f_code.co_name)  # fmt: skip
         with self._lock:
             loc = self._index.get(key)
             if loc is None:
-                code, site_code = line.f_code, site.f_code
-                self.locations.append(
-                    Location(
-                        code.co_filename,
-                        key[1],
-                        code.co_name,
-                        site_code.co_filename,
-                        key[3],
-                        site_code.co_name,
-                    )
-                )
+                self._codes += (line.f_code, site.f_code)  # their ids key ``_at``: held, so that none is reused
+                self.locations.append(Location(*key))
                 loc = self._index[key] = len(self.locations) - 1
         return loc
 

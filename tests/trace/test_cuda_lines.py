@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import gpuworkbench as gw
+from gpuworkbench.trace import recorder_cupti
 from gpuworkbench.trace.cupti.foreign import FOREIGN_STREAM_BASE
 from gpuworkbench.trace.spans import KIND_CODE
 
@@ -28,6 +29,10 @@ def cp():
     available, why = gw.cupti.CuptiSource.available()
     if not available:
         pytest.skip(why)
+    with gw.trace() as t:  # other libraries' work met once: later traces log call sites from their start
+        (cupy.ones(8) * 2).sum()
+    t.wait_pending()
+    assert recorder_cupti.OTHERS.seen
     return cupy
 
 
@@ -97,3 +102,16 @@ def test_pytorch_backward_is_charged_to_the_backward_line(cp) -> None:
     lines = _lines_of(t, kernels)
     assert -1 not in lines
     assert {1, 2, 3} <= set(lines)  # forward, loss, and backward (launched from the autograd engine's thread)
+
+
+def test_call_sites_turn_on_at_the_first_harvest_that_meets_other_libraries_calls(cp, monkeypatch) -> None:
+    monkeypatch.setattr(recorder_cupti.OTHERS, "seen", False)
+    monkeypatch.setattr(recorder_cupti, "OTHER_CUDA_MODULES", ())
+    source = "import time\nx = cp.ones(1 << 10)\ntime.sleep(0.3)\nfor _ in range(5):\n    x = x + 1\n"
+    t = _run_cell("<lazy-sites>", source, {"cp": cp})
+    assert t._sites is not None and recorder_cupti.OTHERS.seen
+    table = t.table()
+    kernels = np.flatnonzero(table["kind"] == KIND_CODE["kernel"])
+    lines = _lines_of(t, kernels)
+    assert lines.count(5) == 5  # after the first harvest (50 ms): every launch on its line
+    assert lines[0] == -1  # the first, before it: no line (what the docs say)

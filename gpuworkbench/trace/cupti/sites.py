@@ -50,7 +50,9 @@ class CallSites:
         work = self.work
         if cbid >= len(work) or not work[cbid] or _site_of(data).value != _ENTER:
             return
-        caller = sys._getframe(2)  # noqa: SLF001 - above this and detach._on_api: whoever made the CUDA call
+        # above this and detach._on_api: whoever made the CUDA call (None on a thread that runs no Python, such as
+        # PyTorch's autograd engine: its work is charged to the home thread's line)
+        caller = sys._getframe(1).f_back  # noqa: SLF001
         if caller is not None and caller.f_code.co_filename.startswith(_PACKAGE):
             return  # one of our ops: located as it was enqueued
         loc = self.lines.at(caller)
