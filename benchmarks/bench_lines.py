@@ -103,29 +103,7 @@ def proof(steps: int) -> None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         exec(code, env)
         torch.cuda.synchronize()
-    shown = 0
-    for event in prof.events():
-        if getattr(event, "kernels", None) and shown < 6:
-            shown += 1
-            chain, holder = [], event.cpu_parent
-            while holder is not None and len(chain) < 4:
-                chain.append((holder.name, list(holder.stack or [])[:3]))
-                holder = holder.cpu_parent
-            emit(event=event.name, thread=event.thread, stack=list(event.stack or [])[:6], parents=chain)
-    theirs: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    no_stack = 0
-    for event in prof.events():
-        kernels = list(getattr(event, "kernels", []) or [])
-        if not kernels:
-            continue
-        holder, line = event, None
-        while holder is not None and line is None:
-            line = _innermost_cell_line(list(holder.stack or []))
-            holder = holder.cpu_parent
-        for k in kernels:
-            if line is None:
-                no_stack += 1
-            theirs[k.name][line] += 1
+    theirs, no_stack = _profiler_lines(prof)
     total = sum(sum(c.values()) for c in theirs.values())
     with_line = sum(n for c in theirs.values() for line, n in c.items() if line is not None)
     matched = sum(
@@ -140,6 +118,14 @@ def proof(steps: int) -> None:
         if c.get(None):
             for line, n in ours.get(name, {}).items():
                 placed_without_stack[line] += n
+    differ = [
+        {"kernel": name[:80], "profiler": {str(k): v for k, v in c.items()},
+         "ours": {str(k): v for k, v in ours.get(name, {}).items()}}
+        for name, c in theirs.items()
+        if dict(c) != dict(ours.get(name, {}))
+    ]  # fmt: skip
+    for row in differ[:12]:
+        emit(differs=row)
     emit(
         proof="lines vs torch.profiler(with_stack=True)",
         steps=steps,
@@ -155,6 +141,46 @@ def proof(steps: int) -> None:
         sites_logged=t._sites.calls if t._sites is not None else None,
         warnings=t.stats.warnings,
     )
+
+
+def _profiler_lines(prof: Any) -> tuple[dict[str, collections.Counter], int]:
+    """Per kernel name, the cell lines torch.profiler(with_stack=True) gives its kernels, and how many kernels it gives
+    no line for. Its Python tracer names each frame by the line where the frame was entered (a cell's module frame
+    shows line 0), so a frame's current line is read where the profiler keeps it: the ``caller`` of each Python call
+    event (the calling frame's line at the call). An op's line is that of the innermost call made from the cell."""
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    op_lines: dict[str, list[tuple[int, int | None]]] = collections.defaultdict(list)  # aten op -> (start, line)
+    stack = [(node, None) for node in tree]
+    while stack:
+        node, line = stack.pop()
+        fields = getattr(node, "extra_fields", None)
+        caller = getattr(fields, "caller", None)
+        if caller is not None and str(getattr(caller, "file_name", "")) == CELL_NAME:
+            line = int(caller.line_number)  # a call made from the cell: every op under it is this line's
+        if str(getattr(node, "tag", "")).endswith("TorchOp"):
+            op_lines[node.name].append((int(node.start_time_ns), line))
+        stack.extend((child, line) for child in node.children)
+    for values in op_lines.values():
+        values.sort()
+    taken: dict[str, int] = collections.Counter()
+    theirs: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    no_line = 0
+    line_of: dict[int, int | None] = {}
+    for event in sorted(prof.events(), key=lambda e: (e.time_range.start, -e.time_range.end)):
+        # ops come in the order of the tree's op events of the same name; other events (a runtime call holding
+        # kernels) take their parent op's line. The autograd engine's ops have no Python caller: no line.
+        if event.name in op_lines:
+            queue, i = op_lines[event.name], taken[event.name]
+            taken[event.name] += 1
+            line = queue[i][1] if i < len(queue) else None
+        else:
+            parent = getattr(event, "cpu_parent", None)
+            line = line_of.get(id(parent)) if parent is not None else None
+        line_of[id(event)] = line
+        for k in getattr(event, "kernels", None) or []:
+            no_line += line is None
+            theirs[k.name][line] += 1
+    return theirs, no_line
 
 
 def _rows(frame: Any) -> list[dict[str, Any]]:

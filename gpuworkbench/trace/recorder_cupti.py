@@ -28,21 +28,6 @@ CUPTI_HANDOFF_S = 2.0
 CUDA_MODULES = ("cupy", "torch", "numba.cuda", "cuda.core", "cuda.bindings", "pycuda", "jax")
 
 
-#: Modules whose CUDA work only CUPTI's callbacks can place on a source line (CuPy is not here: the workbench's own
-#: CUDA backend uses it; CuPy code of the user's is found by its first harvested call, ``_note_other_calls``).
-OTHER_CUDA_MODULES = ("torch", "numba.cuda", "cuda.core", "pycuda", "jax", "tensorflow")
-
-
-class _Others:
-    """Whether a trace of this process has met other libraries' CUDA calls: later traces with lines log call sites
-    from their start."""
-
-    seen = False
-
-
-OTHERS = _Others()
-
-
 class _Owner:
     """The trace whose CUPTI source is started: CUPTI serves one per process."""
 
@@ -199,15 +184,10 @@ class CuptiTracing:
             and not (kind == "d2d" and parse_peer_copy(name) is not None)
         )
 
-    def _report_sites(self, now: bool = False) -> None:
+    def _report_sites(self) -> None:
         """Have CUPTI's callbacks log the call site of other libraries' launches and copies (a trace with ``lines``
-        that records their work), so that their spans carry their source line too. Each callback is two ctypes calls
-        per CUDA call (~2.5 µs a launch, H200), which the workbench's own ops, located as they are enqueued, do not
-        need: so they are turned on at the start only where other libraries' work is expected (``OTHER_CUDA_MODULES``
-        imported, or met by an earlier trace), else (``now``) by the first harvest that meets some."""
+        that records their work), so that their spans carry their source line too (``cupti/sites.py``)."""
         if self.lines is None or self._foreign is None or self._cupti is None or self._sites is not None:
-            return
-        if not now and not OTHERS.seen and not any(m in sys.modules for m in OTHER_CUDA_MODULES):
             return
         sites = CallSites(self.lines, cupti_source.LIFECYCLE.work_cbids)
         status = cupti_source.LIFECYCLE.report_sites(sites)
@@ -218,21 +198,15 @@ class CuptiTracing:
         self._sites = sites
         self._foreign.locate = _weak(self._locate_calls)
 
-    def _note_other_calls(self) -> None:
-        """A harvest met other libraries' CUDA calls: log their call sites from now on (a trace with lines)."""
-        OTHERS.seen = True
-        if self.lines is not None and self._sites is None and self.recording:
-            self._report_sites(now=True)
-
     def _stop_sites(self) -> None:
         """Stop logging call sites (the log stays, for the harvests still to come)."""
         if self._sites is not None and detach_hook.HOOK is self._sites:
             cupti_source.LIFECYCLE.report_sites(None)
 
-    def _locate_calls(self, thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-        """The source location of each of other libraries' API calls (thread, start and end on CUPTI's clock)."""
+    def _locate_calls(self, thread: np.ndarray, start: np.ndarray, end: np.ndarray, corr: np.ndarray) -> np.ndarray:
+        """The source location of each of other libraries' API calls (thread, start and end on CUPTI's clock, id)."""
         off = self._window.offsets(self._cupti, start) if self._cupti is not None else 0
-        return self._sites.locate(thread, start - off, end - off)
+        return self._sites.locate(thread, start - off, end - off, corr)
 
     def _await_release(self) -> None:
         """Wait (at most ``CUPTI_HANDOFF_S``) for this stopped trace's harvester to release CUPTI; its next pass

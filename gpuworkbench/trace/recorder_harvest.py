@@ -157,8 +157,6 @@ class Harvesting:
         ]
         if not blocks:
             return
-        if any((b["kind"] == KIND_CODE["api"]).any() for b in blocks):
-            self._note_other_calls()
         with self._lock:
             for block in blocks:
                 self._spans.extend_columns(block)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import gpuworkbench as gw
-from gpuworkbench.trace import recorder_cupti
 from gpuworkbench.trace.cupti.foreign import FOREIGN_STREAM_BASE
 from gpuworkbench.trace.spans import KIND_CODE
 
@@ -29,10 +28,6 @@ def cp():
     available, why = gw.cupti.CuptiSource.available()
     if not available:
         pytest.skip(why)
-    with gw.trace() as t:  # other libraries' work met once: later traces log call sites from their start
-        (cupy.ones(8) * 2).sum()
-    t.wait_pending()
-    assert recorder_cupti.OTHERS.seen
     return cupy
 
 
@@ -44,6 +39,12 @@ def _run_cell(name: str, source: str, env: dict) -> gw.Trace:
         exec(code, env)
     t.wait_pending()
     return t
+
+
+def _why(t: gw.Trace) -> str:
+    """What a failed check should print: the trace's warnings and its call-site log."""
+    sites = t._sites
+    return f"warnings={t.stats.warnings} sites={None if sites is None else (sites.calls, len(sites.log))}"
 
 
 def _lines_of(t: gw.Trace, rows: np.ndarray) -> list[int]:
@@ -67,7 +68,7 @@ def test_cupy_and_our_kernels_are_charged_to_their_lines(cp) -> None:
         by_name.setdefault(name, set()).add(lines[i])
     assert by_name["mark"] == {3}
     theirs = [i for i, n in enumerate(names) if n != "mark"]
-    assert len(theirs) >= 2 and {lines[i] for i in theirs} == {1, 4}
+    assert len(theirs) >= 2 and {lines[i] for i in theirs} == {1, 4}, _why(t)
     foreign = table["stream"][kernels] >= FOREIGN_STREAM_BASE
     assert foreign.sum() == len(theirs)
     api = np.flatnonzero(table["kind"] == KIND_CODE["api"])
@@ -85,7 +86,7 @@ def test_work_from_two_threads_keeps_each_threads_line(cp) -> None:
     table = t.table()
     kernels = np.flatnonzero(table["kind"] == KIND_CODE["kernel"])
     where = {(t.locations[i].function, t.locations[i].line) for i in table["loc"][kernels].tolist() if i >= 0}
-    assert ("left", 4) in where and ("right", 7) in where
+    assert ("left", 4) in where and ("right", 7) in where, _why(t)
     assert all(i >= 0 for i in table["loc"][kernels].tolist())
 
 
@@ -100,18 +101,5 @@ def test_pytorch_backward_is_charged_to_the_backward_line(cp) -> None:
     table = t.table()
     kernels = np.flatnonzero(table["kind"] == KIND_CODE["kernel"])
     lines = _lines_of(t, kernels)
-    assert -1 not in lines
+    assert -1 not in lines, _why(t)
     assert {1, 2, 3} <= set(lines)  # forward, loss, and backward (launched from the autograd engine's thread)
-
-
-def test_call_sites_turn_on_at_the_first_harvest_that_meets_other_libraries_calls(cp, monkeypatch) -> None:
-    monkeypatch.setattr(recorder_cupti.OTHERS, "seen", False)
-    monkeypatch.setattr(recorder_cupti, "OTHER_CUDA_MODULES", ())
-    source = "import time\nx = cp.ones(1 << 10)\ntime.sleep(0.3)\nfor _ in range(5):\n    x = x + 1\n"
-    t = _run_cell("<lazy-sites>", source, {"cp": cp})
-    assert t._sites is not None and recorder_cupti.OTHERS.seen
-    table = t.table()
-    kernels = np.flatnonzero(table["kind"] == KIND_CODE["kernel"])
-    lines = _lines_of(t, kernels)
-    assert lines.count(5) == 5  # after the first harvest (50 ms): every launch on its line
-    assert lines[0] == -1  # the first, before it: no line (what the docs say)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import linecache
 import os
+import struct
 import threading
 
 import numpy as np
@@ -161,31 +162,38 @@ def test_work_on_a_thread_without_user_frames_is_charged_to_the_home_threads_lin
     assert [lines.locations[i] for i in seen] == [Location("<home>", 2, "<module>", "<home>", 2, "<module>")]
 
 
-def test_call_sites_log_entries_and_join_api_calls_by_thread_and_time() -> None:
+def _cbdata(site: int, corr: int):
+    """CUpti_CallbackData as CUPTI hands it over: the site (0 entry, 1 exit) first, the correlation id at byte 64."""
+    data = ctypes.create_string_buffer(72)
+    struct.pack_into("<i", data, 0, site)
+    struct.pack_into("<I", data, 64, corr)
+    return data
+
+
+def test_call_sites_log_entries_and_join_api_calls_by_id_or_thread_and_time() -> None:
     lines = SourceLines()
-    work = bytes([0, 1, 0])
-    sites = CallSites(lines, work)
-    enter, leave = ctypes.c_int(0), ctypes.c_int(1)
-    code = _cell("<sites>", "hook(1, e)\nhook(1, x)\nhook(2, e)\nhook(1, e)\n")
-    exec(
-        code, {"hook": lambda cbid, data: sites(cbid, data), "e": ctypes.addressof(enter), "x": ctypes.addressof(leave)}
-    )
-    # frame 2 above the hook (the lambda stands for detach._on_api) is the cell: its lines are the sites
-    assert sites.calls == 2 and len(sites.log) == 2
+    sites = CallSites(lines, bytes([0, 1, 0]))
+    data = [_cbdata(0, 41), _cbdata(1, 41), _cbdata(0, 42), _cbdata(0, 43)]
+    code = _cell("<sites>", "hook(1, d[0])\nhook(1, d[1])\nhook(2, d[2])\nhook(1, d[3])\n")
+    exec(code, {"hook": lambda cbid, data: sites(cbid, data), "d": [ctypes.addressof(x) for x in data]})
+    # frame 2 above the hook (the lambda stands for detach._on_api) is the cell: its lines are the sites; the exit
+    # (site 1) and the call whose id the work table does not mark (cbid 2) log nothing
+    assert sites.calls == 2 and [(loc, corr) for _, _, loc, corr in sites.log] == [(0, 41), (1, 43)]
     thread = sites.log[0][0]
-    (t0, l0), (t1, l1) = [(t, loc) for _, t, loc in sites.log]
+    (t0, l0), (t1, l1) = [(t, loc) for _, t, loc, _ in sites.log]
     got = sites.locate(
-        np.array([thread, thread, thread + 1, thread]),
-        np.array([t0 - 5, t1, t0 - 5, t1 + 10]),
-        np.array([t0 + 5, t1 + 1, t0 + 5, t1 + 20]),
+        np.array([thread, thread, thread + 1, thread, thread]),
+        np.array([t0 - 5, t1, t0 - 5, t1 + 10, 0]),
+        np.array([t0 + 5, t1 + 1, t0 + 5, t1 + 20, 1]),
+        np.array([7, 8, 9, 10, 43]),  # the last: joined by its id, whatever its time
     )
-    assert got.tolist() == [l0, l1, -1, -1]
+    assert got.tolist() == [l0, l1, -1, -1, l1]
     assert [lines.locations[l0].line, lines.locations[l1].line] == [1, 4]
 
 
 def test_call_sites_skip_calls_made_by_our_own_code() -> None:
     sites = CallSites(SourceLines(), bytes([0, 1]))
-    enter = ctypes.c_int(0)
+    enter = _cbdata(0, 5)
     package = os.path.dirname(gw.__file__)
     ours = compile("hook(1, e)\n", os.path.join(package, "fake_module_for_test.py"), "exec")
     exec(ours, {"hook": lambda cbid, data: sites(cbid, data), "e": ctypes.addressof(enter)})
