@@ -205,8 +205,12 @@ class CuptiTracing:
 
     def _locate_calls(self, thread: np.ndarray, start: np.ndarray, end: np.ndarray, corr: np.ndarray) -> np.ndarray:
         """The source location of each of other libraries' API calls (thread, start and end on CUPTI's clock, id)."""
-        off = self._window.offsets(self._cupti, start) if self._cupti is not None else 0
-        return self._sites.locate(thread, start - off, end - off, corr)
+        try:
+            off = self._window.offsets(self._cupti, start) if self._cupti is not None else 0
+            return self._sites.locate(thread, start - off, end - off, corr)
+        except Exception as exc:  # noqa: BLE001 - a location is never worth a span
+            self.warn_once(f"other libraries' work has no source line: placing their calls failed ({exc!r})")
+            return np.full(thread.size, -1, np.int64)
 
     def _await_release(self) -> None:
         """Wait (at most ``CUPTI_HANDOFF_S``) for this stopped trace's harvester to release CUPTI; its next pass

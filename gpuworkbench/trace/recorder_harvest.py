@@ -54,7 +54,11 @@ class Harvesting:
                 warnings.warn(f"gpuworkbench trace harvester error: {exc!r}", RuntimeWarning, stacklevel=1)
             self.stats.harvest_cpu_s += time.thread_time() - cpu
             if stopping and not self._unfinished():
-                self._finish_cupti()
+                try:
+                    self._finish_cupti()
+                except Exception as exc:  # noqa: BLE001 - as above: said, and the thread still ends its trace
+                    self.stats.warnings.append(f"harvester error: {exc!r}")
+                    warnings.warn(f"gpuworkbench trace harvester error: {exc!r}", RuntimeWarning, stacklevel=1)
                 self._finished()  # the next trace's object, off its start
                 return
 

@@ -198,3 +198,15 @@ def test_call_sites_skip_calls_made_by_our_own_code() -> None:
     ours = compile("hook(1, e)\n", os.path.join(package, "fake_module_for_test.py"), "exec")
     exec(ours, {"hook": lambda cbid, data: sites(cbid, data), "e": ctypes.addressof(enter)})
     assert sites.log == [] and sites.calls == 0
+
+
+def test_call_sites_join_calls_of_several_threads_by_time_where_no_id_matches() -> None:
+    sites = CallSites(SourceLines(), b"\x01")
+    sites.log += [(5, 100, 0, 41), (5, 200, 1, 42), (6, 300, 2, 50)]  # (thread, time, location, id)
+    got = sites.locate(
+        np.array([5, 5, 6, 6, 6]),
+        np.array([90, 150, 290, 0, 400]),
+        np.array([110, 250, 310, 1, 500]),
+        np.array([1, 2, 3, 50, 4]),
+    )
+    assert got.tolist() == [0, 1, 2, 2, -1]

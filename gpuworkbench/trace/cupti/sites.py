@@ -108,6 +108,6 @@ class CallSites:
             times = self._time[lo:hi]
             calls = np.flatnonzero((thread == t) & ~hit)
             at = np.minimum(np.searchsorted(times, start[calls]), times.size - 1)
-            hit = (times[at] >= start[calls]) & (times[at] <= end[calls])
-            out[calls[hit]] = self._loc[lo:hi][at[hit]]
+            inside = (times[at] >= start[calls]) & (times[at] <= end[calls])
+            out[calls[inside]] = self._loc[lo:hi][at[inside]]
         return out
