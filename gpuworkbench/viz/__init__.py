@@ -1,4 +1,4 @@
-"""Pictures of a trace (Bokeh): timeline, memory plot, the three together, and the live dashboard.
+"""Pictures of a trace (Bokeh): timeline, memory plot, source lines, all of them together, and the live dashboard.
 
 Everything embeds BokehJS inline (``bokeh.resources.INLINE``), never from a CDN, because the machine may be offline.
 The dashboard (ipywidgets + jupyter_bokeh) is imported on first use only.
@@ -13,13 +13,15 @@ from .compare import comparison_figure
 from .inline import inline_setup
 from .memory import memory_figure, trace_memory_plot
 from .palette import KIND_COLORS, STATE_COLORS
+from .source_view import source_figure
 from .timeline import timeline_figure, timeline_view, trace_timeline
 from .timeline_data import DETAIL_LIMIT, WEBGL_THRESHOLD
 
 
 def trace_layout(trace: Any, window: tuple[int, int] | None = None) -> Any:
     """Timeline, memory plot (sharing its time axis), the overview strip that moves both, and the summary table of a
-    trace, as one Bokeh column.
+    trace, as one Bokeh column; above them, where the trace recorded source lines, the source view (tapping a line
+    picks out its spans on the timeline).
 
     ``window`` (start_ns, end_ns), e.g. a cell's wall time, is the summary's W instead of first-to-last op.
     """
@@ -29,7 +31,10 @@ def trace_layout(trace: Any, window: tuple[int, int] | None = None) -> Any:
     timeline, overview = trace_timeline(trace).children
     memory = trace_memory_plot(trace, x_range=timeline.x_range)
     summary = Div(text=trace.summary(window=window)._repr_html_(), sizing_mode="stretch_width")
-    return column(timeline, memory, overview, summary, sizing_mode="stretch_width")
+    parts = [timeline, memory, overview, summary]
+    if getattr(trace, "locations", None):
+        parts.insert(0, source_figure(trace, timeline))
+    return column(*parts, sizing_mode="stretch_width")
 
 
 def show_trace(trace: Any, window: tuple[int, int] | None = None) -> Any:
@@ -66,6 +71,7 @@ __all__ = [
     "live",
     "memory_figure",
     "show_trace",
+    "source_figure",
     "timeline_figure",
     "timeline_view",
     "trace_layout",

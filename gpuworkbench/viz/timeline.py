@@ -41,6 +41,7 @@ from bokeh.plotting import figure
 from bokeh.transform import factor_cmap
 
 from gpuworkbench.trace.analysis import STATES
+from gpuworkbench.trace.lines import Location
 from gpuworkbench.trace.spans import KIND_CODE
 
 from . import timeline_js
@@ -96,9 +97,12 @@ def build_timeline(
     x_range: Any = None,
     detail_limit: int = DETAIL_LIMIT,
     compact: bool = False,
+    locations: Sequence[Location] | None = None,
 ) -> tuple[Any, ColumnDataSource, ColumnDataSource | None, dict[str, np.ndarray] | None]:
     """The timeline figure with its span source, its state source (None when ``rows.states`` is off) and the compact
     columns of every span (when the figure carries them, or ``compact`` asks; else None).
+
+    With ``locations`` (the trace's) each span's tooltip names the source line that issued it (``line`` column).
 
     The live dashboard keeps the sources and streams into them (it passes no ``x_range``: a ``DataRange1d`` follows the
     data). Above ``detail_limit`` spans or state segments the sources start empty and the browser fills them from the
@@ -115,7 +119,10 @@ def build_timeline(
         webgl = n > webgl_threshold and not large
     if x_range is None:
         x_range = DataRange1d(range_padding=0.02)
-    hover = HoverTool(tooltips=span_tooltips(), formatters=span_formatters(), name="span hover")
+    tooltips = span_tooltips()
+    if locations and not large:  # the browser fills a large timeline's spans without their lines
+        tooltips.insert(1, ("line", "@line"))
+    hover = HoverTool(tooltips=tooltips, formatters=span_formatters(), name="span hover")
     wheel = WheelZoomTool(dimensions="width")
     pan = PanTool(dimensions="width")
     tap = TapTool()
@@ -146,7 +153,7 @@ def build_timeline(
     if large:
         span_data: dict[str, Any] = _empty(SPAN_COLUMNS)
     else:
-        span_data = span_columns(table, rows, t0_ns, links)
+        span_data = span_columns(table, rows, t0_ns, links, locations)
         # ranges first, outermost first: each drawn under what it encloses
         behind = np.lexsort((np.asarray(span_data["depth"]), np.asarray(table["kind"]) != RANGE_KIND))
         span_data = {col: np.asarray(values)[behind] for col, values in span_data.items()}
@@ -162,6 +169,8 @@ def build_timeline(
         source=span_source,
         name="spans",
     )
+    # Spans left out of a selection (a tapped span, a source line's spans) fade, outlines included.
+    bars.nonselection_glyph = bars.glyph.clone(fill_alpha=0.15, line_alpha=0.15)
     hover.renderers = [bars]
     tap.renderers = [bars]
     # Host waits hatched, drawn over their bars from a source of their own: a hatch pattern per bar (a vector hatch
@@ -328,8 +337,9 @@ def timeline_figure(
 
     ``t0_ns`` is time zero of the ms axis (default: the first span's start); ``overview`` puts the overview strip
     under it (``timeline_view``). ``options`` are ``build_timeline``'s: ``title``, ``width`` (px), ``row_px``,
-    ``webgl`` (default: above ``webgl_threshold`` spans) and ``detail_limit`` (above it the browser draws what is in
-    view: module docstring). Builds from arrays: 10^5 spans take a fraction of a second, 10^6 a few seconds.
+    ``webgl`` (default: above ``webgl_threshold`` spans), ``detail_limit`` (above it the browser draws what is in
+    view: module docstring) and ``locations`` (the tooltip's source line). Builds from arrays: 10^5 spans take a
+    fraction of a second, 10^6 a few seconds.
     """
     if t0_ns is None:
         t0_ns = int(np.min(table["start_ns"])) if len(table["start_ns"]) else 0
@@ -413,6 +423,7 @@ def trace_timeline(trace: Any, **kw: Any) -> Any:
     stopped); the detail figure is the column's first child (``name="timeline"``)."""
     table = trace.table()
     kw.setdefault("t0_ns", trace_start_ns(trace, table))
+    kw.setdefault("locations", getattr(trace, "locations", None))
     devices = trace.devices
     if "title" not in kw:
         real = [f"{c.key} = {c.name} ({c.source})" for c in devices.values() if c.source != "records"]

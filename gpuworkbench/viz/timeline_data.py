@@ -4,12 +4,13 @@ compact arrays and aggregated cells, all NumPy from the span table (the figures 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from gpuworkbench.trace.analysis import STATES, state_segments
+from gpuworkbench.trace.lines import Location, short_file
 from gpuworkbench.trace.spans import HOST_KINDS, HOST_STREAM, KIND_CODE, KINDS
 
 from .palette import HOST_WAIT, STATE_COLORS, STYLE_COLORS, STYLES
@@ -53,6 +54,8 @@ SPAN_COLUMNS = (
     "height",
     "alpha",
     "depth",
+    "line",
+    "loc",
 )
 STATE_COLUMNS = ("left", "right", "row", "state", "duration_us")
 CELL_COLUMNS = ("left", "right", "row", "style", "count", "busy", "alpha")
@@ -285,14 +288,43 @@ def _origin_rows(table: Mapping[str, np.ndarray], call: np.ndarray) -> tuple[np.
     return devices, streams
 
 
+def line_label(location: Location, width: int = 80) -> str:
+    """A location as the timeline's tooltip shows it: ``<cell 1>:12  y = model(x)``, and the site where the op was
+    issued inside a function the line called."""
+    text = location.source
+    if len(text) > width:
+        text = text[: width - 1] + "\u2026"
+    label = f"{short_file(location.file)}:{location.line}  {text}".rstrip()
+    if location.nested:
+        label += f"  (via {location.site_function} at {short_file(location.site_file)}:{location.site_line})"
+    return label
+
+
+def span_lines(table: Mapping[str, np.ndarray], locations: Sequence[Location] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Every span's location code (-1: none) and its line's label (``line_label``; "" where none)."""
+    n = len(table["kind"])
+    loc = np.asarray(table["loc"], np.int64) if "loc" in table else np.full(n, -1, np.int64)
+    if not locations:
+        return np.full(n, -1, np.int64), np.full(n, "", dtype=object)
+    labels = np.array([*(line_label(location) for location in locations), ""], dtype=object)
+    known = (loc >= 0) & (loc < len(locations))
+    loc = np.where(known, loc, -1)
+    return loc, labels[loc]  # -1 picks the trailing ""
+
+
 def span_columns(
-    table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int, links: Mapping[str, np.ndarray] | None = None
+    table: Mapping[str, np.ndarray],
+    rows: RowLayout,
+    t0_ns: int,
+    links: Mapping[str, np.ndarray] | None = None,
+    locations: Sequence[Location] | None = None,
 ) -> dict[str, np.ndarray]:
     """The timeline's ColumnDataSource columns for these spans (``rows.add_table(table)`` must have run).
 
     Times are ms from ``t0_ns``; ``gbps`` (bytes per ns) is NaN for spans that are not copies or last 0 ns. A device
     span's launch: ``call`` (the API call's name, or ``ENQUEUE``), ``call_left`` / ``call_row`` (where the arrow
-    starts), ``launch_us`` and ``queue_us``; NaN and "" where it has none.
+    starts), ``launch_us`` and ``queue_us``; NaN and "" where it has none. ``loc`` and ``line``: the source line that
+    issued the span (an index into ``locations`` and its ``line_label``; -1 and "" where none).
     """
     kind = np.asarray(table["kind"], dtype=np.intp)
     start = np.asarray(table["start_ns"], dtype=np.int64)
@@ -315,6 +347,7 @@ def span_columns(
         call_row[linked] = rows.labels(devices[linked], streams[linked])
     nan = np.full(kind.size, np.nan)
     depth = range_depths(table)
+    loc, line = span_lines(table, locations)
     return {
         "left": (start - t0_ns) / 1e6,
         "right": (end - t0_ns) / 1e6,
@@ -333,6 +366,8 @@ def span_columns(
         "height": nested_heights(KIND_HEIGHTS[kind], depth),
         "alpha": KIND_ALPHAS[kind],
         "depth": depth,
+        "line": line,
+        "loc": loc,
     }
 
 
