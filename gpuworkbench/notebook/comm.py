@@ -473,12 +473,17 @@ def _version() -> str:
 
 
 def timeline_html(record: Any, title: str, dark: bool = False) -> str:
-    """A standalone page (BokehJS inline, so it works offline) with the trace's timeline, summary and statistics."""
+    """A standalone page (BokehJS inline, so it works offline) with the trace's source lines (where it recorded them),
+    timeline, summary and statistics."""
     from bokeh.models import Div
 
     figure = record.trace.timeline(title=f"{title}: timeline")
     figure.sizing_mode = "stretch_width"
     parts: list[Any] = [figure]
+    if record.trace.locations:  # the cell's lines with their device time, above the timeline (tap one: its spans)
+        from ..viz import source_figure
+
+        parts.insert(0, source_figure(record.trace, figure))
     try:
         # a loaded trace is measured over its own work, a cell's over the cell's wall time
         summary = record.trace.summary(window=None if getattr(record, "source", None) else record.window_ns)

@@ -406,3 +406,23 @@ def test_register_serves_the_target_hooks_cells_and_announces(monkeypatch: pytes
         assert len(shell.events.callbacks["post_run_cell"]) == 1
     finally:
         srv.close()
+
+
+def test_timeline_page_of_a_trace_with_lines_shows_the_source_view(panel: FakeComm) -> None:
+    pytest.importorskip("bokeh")
+    import linecache
+
+    source = "buf = dev.alloc(256)\nbuf.copy_from_host(np.ones(256, np.float32))\n"
+    linecache.cache["<panel cell>"] = (len(source), None, source.splitlines(True), "<panel cell>")
+    env = {"dev": gw.Device("cpu"), "np": np}
+    with gw.trace(lines=True) as trace:
+        trace.lines.set_focus("<panel cell>")
+        exec(compile(source, "<panel cell>", "exec"), env)
+    trace.wait_pending()
+    rec = history.TraceRecord(9, time.time(), 0.01, (trace.started_ns, trace.stopped_ns), 1.0, 1.0, None, trace)
+    history.history.append(rec)
+    panel.receive(request(15, "timeline", trace=trace.id))
+    page = panel.replies()[-1]["result"]["html"]
+    assert "source view" in page and "device time by source line" in page
+    assert "buf.copy_from_host(np.ones(256, np.float32))" in page
+    env["buf"].free()
