@@ -130,6 +130,14 @@ class SourceLines:
         """Charge work to the lines of these files (a cell's compiled name) where the stack passes through them."""
         self.focus = frozenset(files)
 
+    def focus_on_caller(self) -> None:
+        """Focus on the file of the nearest user frame of the caller's stack (the cell that starts a trace)."""
+        frame = sys._getframe(1)  # noqa: SLF001
+        while frame is not None and self._is_library(frame.f_code):
+            frame = frame.f_back
+        if frame is not None:
+            self.focus = frozenset({frame.f_code.co_filename})
+
     def _is_library(self, code: Any) -> bool:
         if self._version != _VERSION[0]:
             self._library.clear()

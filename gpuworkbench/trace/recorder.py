@@ -140,6 +140,8 @@ class Trace(CuptiTracing, Harvesting):
         if self.recording:
             return self
         self.started_ns = time.perf_counter_ns()
+        if self.lines is not None and not self.lines.focus:
+            self.lines.focus_on_caller()  # the code that starts the trace (a cell) takes the work it calls
         if self.others and self.source != "events" and self._cupti is None and cuda_in_process():
             self._start_cupti()  # every library's CUDA work from the first op on
             self._report_sites()

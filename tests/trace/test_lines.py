@@ -129,10 +129,12 @@ def test_library_code_is_skipped_and_treat_as_library_moves_the_charge_up(tmp_pa
     code = _cell("<caller>", "x = 0\nupload(buf, host)\n")
     env = {"upload": helpers_for_lines.upload, "buf": buf, "host": host}
     with gw.trace(lines=True) as t:
+        t.lines.set_focus("<other cell>")  # not on the stack: the innermost user frame is the line
         exec(code, env)
     assert [(loc.file, loc.line) for loc in t.locations] == [(str(helper), 2)]
     lines_mod.treat_as_library("helpers_for_lines")
     with gw.trace(lines=True) as t2:
+        t2.lines.set_focus("<other cell>")
         exec(code, env)
     assert [(loc.file, loc.line) for loc in t2.locations] == [("<caller>", 2)]
     with pytest.raises(ValueError, match="neither a folder nor an imported module"):
@@ -210,3 +212,18 @@ def test_call_sites_join_calls_of_several_threads_by_time_where_no_id_matches() 
         np.array([1, 2, 3, 50, 4]),
     )
     assert got.tolist() == [0, 1, 2, 2, -1]
+
+
+def test_a_trace_started_in_a_cell_charges_the_work_its_lines_call_to_them() -> None:
+    dev = gw.Device("cpu")
+    env = {"dev": dev, "np": np, "gw": gw}
+    exec(_cell("<earlier>", "def upload(buf):\n    buf.copy_from_host(np.ones(buf.length, np.float32))\n"), env)
+    cell = "buf = dev.alloc(64, 'float32')\nwith gw.trace(lines=True) as t:\n    upload(buf)\n    upload(buf)\n"
+    exec(_cell("<started here>", cell), env)
+    t = env["t"]
+    t.wait_pending()
+    assert t.lines.focus == {"<started here>"}
+    assert [(loc.file, loc.line, loc.site_file, loc.site_line) for loc in t.locations] == [
+        ("<started here>", 3, "<earlier>", 2),
+        ("<started here>", 4, "<earlier>", 2),
+    ]
