@@ -12,6 +12,9 @@ memory rows included.
 PyTorch's ``[memory]`` events (``profile_memory=True``) on a GPU become the memory table's ``other_bytes`` (its
 allocator's total allocated); those on the CPU are left out (the memory table is per device). A trace with no device
 work and no device properties (a CPU-only profile) gets one clock, ``host:0``, for its host rows.
+A trace recorded with ``with_stack=True`` has ``python_function`` events: each runtime call, and the device work it
+enqueued, is charged to the user line on its Python stack (``loc``, ``trace.locations``; rules in
+``kineto_stacks.py``), so that ``statistics().lines`` works on it.
 
 Events are sorted into groups in one pass over the parsed JSON and every field after that is a NumPy column
 (``kineto_events.py``); the trace's table is filled with one ``extend_columns`` (``Trace.finished``), so that a
@@ -47,6 +50,8 @@ from .kineto_events import (
     row_label,
     span_block,
 )
+from .kineto_stacks import stack_locations
+from .lines import Location
 from .recorder import Trace
 from .spans import KIND_CODE, thread_stream
 
@@ -100,10 +105,22 @@ class _Kineto:
         ranges = self._host(groups.range, "range", first, groups)
         self._link_calls(device, api, first)
         self._host_rows(api, ranges, groups)
+        locations = self._locate(groups, device, api)
         table = concat_blocks([device, device_range, api, ranges])
         labels = self._labels(table, groups)
         memory = self._memory(groups)
-        return Trace.finished(table, self._clocks(table, groups, memory["device"]), labels, memory)
+        clocks = self._clocks(table, groups, memory["device"])
+        return Trace.finished(table, clocks, labels, memory, locations=locations)
+
+    def _locate(self, groups: EventGroups, device: dict[str, Any], api: dict[str, Any]) -> list[Location]:
+        """Each runtime call's user line, from the Python stacks of ``with_stack=True`` (``kineto_stacks.py``); the
+        device work it enqueued gets the same. No python_function events: no locations, ``loc`` stays -1."""
+        starts = api["start_ns"] - self.base_ns
+        loc, locations = stack_locations(groups.python, api["stream"], self._threads, starts, self.where)
+        if locations:
+            api["loc"] = loc
+            device["loc"] = link_column(api["corr"], loc, device["corr"], -1)
+        return locations
 
     # -- memory ----------------------------------------------------------------------------------------------
     def _memory(self, groups: EventGroups) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ from ..errors import InvalidArgument
 from .spans import COLUMNS, DEFAULTS, KIND_CODE, pack_dim3
 
 _GZIP_MAGIC = b"\x1f\x8b"
-#: Event categories (lower case) -> the group they are read into; others (python_function, Trace, ...) are skipped.
+#: Event categories (lower case) -> the group they are read into; others (Trace, overhead, ...) are skipped.
 _GROUPS = {
     "kernel": "device",
     "gpu_memcpy": "device",
@@ -34,6 +34,7 @@ _GROUPS = {
     "operator": "range",
     "user_annotation": "range",
     "gpu_user_annotation": "device_range",
+    "python_function": "python",
 }
 _EMPTY: dict = {}
 #: What an event's pid and tid may be (Chrome traces use numbers or strings; Kineto writes "" on global events).
@@ -101,6 +102,7 @@ class EventGroups:
         self.api: list[dict] = []
         self.range: list[dict] = []
         self.device_range: list[dict] = []
+        self.python: list[dict] = []  # torch.profiler(with_stack=True)'s Python calls (kineto_stacks.py)
         self.flow_start: list[dict] = []
         self.flow_end: list[dict] = []
         self.memory: list[dict] = []  # PyTorch's "[memory]" instant events
@@ -111,7 +113,7 @@ class EventGroups:
 def group_events(events: list, where: str) -> EventGroups:
     """Sort the events into groups in one pass; an event that is not an object or lacks ``ts`` is an error."""
     groups = EventGroups()
-    lists = {name: getattr(groups, name) for name in ("device", "api", "range", "device_range")}
+    lists = {name: getattr(groups, name) for name in ("device", "api", "range", "device_range", "python")}
     lookup = _GROUPS.get
     for i, e in enumerate(events):
         if type(e) is not dict:
