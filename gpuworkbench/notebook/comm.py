@@ -483,7 +483,7 @@ def timeline_html(record: Any, title: str, dark: bool = False) -> str:
     if record.trace.locations:  # the cell's lines with their device time, above the timeline (tap one: its spans)
         from ..viz import source_figure
 
-        parts.insert(0, source_figure(record.trace, figure))
+        parts.insert(0, source_figure(record.trace, figure, dark=dark))
     try:
         # a loaded trace is measured over its own work, a cell's over the cell's wall time
         summary = record.trace.summary(window=None if getattr(record, "source", None) else record.window_ns)

@@ -77,8 +77,8 @@ class Location:
 
     @property
     def source(self) -> str:
-        """The line's text (from the cell or file, as ``linecache`` has it), else ``text``."""
-        return linecache.getline(self.file, self.line).strip() or self.text
+        """``text`` where it is set (a loaded trace), else the line's text as ``linecache`` has it ("" when gone)."""
+        return self.text or linecache.getline(self.file, self.line).strip()
 
     @property
     def nested(self) -> bool:
@@ -93,7 +93,17 @@ class Location:
 
 
 def short_file(file: str) -> str:
-    """A file's name as a reader wants it: a cell's name, or the path's last two parts."""
+    """A file's name as a reader wants it: a cell's as IPython names it in tracebacks ("In[7]"), or the path's last
+    two parts."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is not None:
+        try:
+            named = shell.compile.format_code_name(file)
+        except AttributeError:  # an IPython without it (before 8): the file's own name
+            named = None
+        if named:
+            return named[1]
     if file.startswith("<"):
         return file
     parts = file.replace("\\", "/").split("/")

@@ -48,6 +48,11 @@ BAR_PX = 160
 TITLE_CHAR_PX = 6.5  # a title character's mean width (9pt)
 TITLE_PX, BORDER_PX = 26, 2
 BAR_COLOR, TRACK_COLOR, PICK_COLOR = "#3182bd", "#eef2f7", "#ffe08a"
+#: Text and track colours on a light page and on a dark one (the side panel's dark theme: Bokeh's dark_minimal).
+INK = {
+    False: {"number": "#969696", "source": "#252525", "file": "#08519c", "stats": "#525252", "track": TRACK_COLOR},
+    True: {"number": "#8c8c8c", "source": "#e0e0e0", "file": "#9ecae1", "stats": "#bdbdbd", "track": "#3a3f47"},
+}
 #: The row source's columns: a source line's place, its numbers and the hover's text.
 ROW_COLUMNS = ("y", "file", "line", "ops", "time_ns", "share_pct", "stats", "where", "function", "work", "sites")
 
@@ -247,7 +252,9 @@ def _row_columns(rows: list[dict[str, Any]], lines: list[int], locations: Sequen
     return data
 
 
-def _label_columns(rows: list[dict[str, Any]], data: Mapping[str, list], at: _Layout) -> dict[str, list]:
+def _label_columns(
+    rows: list[dict[str, Any]], data: Mapping[str, list], at: _Layout, dark: bool = False
+) -> dict[str, list]:
     """Every text of the figure in one source: line numbers, source text, the lines' numbers, file headers."""
     out: dict[str, list] = {"x": [], "y": [], "text": [], "align": [], "color": [], "style": []}
 
@@ -259,27 +266,29 @@ def _label_columns(rows: list[dict[str, Any]], data: Mapping[str, list], at: _La
         out["color"].append(color)
         out["style"].append(style)
 
+    ink = INK[dark]
     for y, r in enumerate(rows):
         if r["kind"] == "line":
             if r["file"] != UNKNOWN:
-                put(at.number, y, str(r["line"]), "right", "#969696")
-            put(at.source, y, _clip(r["text"]), "left", "#252525")
+                put(at.number, y, str(r["line"]), "right", ink["number"])
+            put(at.source, y, _clip(r["text"]), "left", ink["source"])
         else:
-            put(2, y, r["text"], "left", "#08519c", "bold")
+            put(2, y, r["text"], "left", ink["file"], "bold")
     for y, stats in zip(data["y"], data["stats"]):
         if stats:
-            put(at.stats, y, stats, "left", "#525252")
+            put(at.stats, y, stats, "left", ink["stats"])
     return out
 
 
-def _bar_columns(data: Mapping[str, list], at: _Layout) -> dict[str, list]:
+def _bar_columns(data: Mapping[str, list], at: _Layout, dark: bool = False) -> dict[str, list]:
     """A track and a bar per line with device work, the bar's length its device time over the largest line's."""
     top = max(data["time_ns"], default=0) or 1
     out: dict[str, list] = {"y": [], "left": [], "right": [], "color": [], "line": []}
     for y, line, ops, time_ns in zip(data["y"], data["line"], data["ops"], data["time_ns"]):
         if not ops:
             continue
-        for right, color in ((at.bar + BAR_PX, TRACK_COLOR), (at.bar + max(BAR_PX * time_ns / top, 1.0), BAR_COLOR)):
+        track = (at.bar + BAR_PX, INK[dark]["track"])
+        for right, color in (track, (at.bar + max(BAR_PX * time_ns / top, 1.0), BAR_COLOR)):
             out["y"].append(y)
             out["left"].append(at.bar)
             out["right"].append(right)
@@ -288,10 +297,11 @@ def _bar_columns(data: Mapping[str, list], at: _Layout) -> dict[str, list]:
     return out
 
 
-def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None) -> Any:
+def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None, dark: bool = False) -> Any:
     """The annotated source of a trace's lines as a Bokeh plot (module docstring): per line its number, its text, a
     bar of its device time and "N ops · 1.2 ms (34 %)". Tapping lines selects their spans in ``timeline`` (a
-    ``Trace.timeline()`` column, its figure or its span source); without one the view stands alone."""
+    ``Trace.timeline()`` column, its figure or its span source); without one the view stands alone. ``dark``: colours
+    for a dark page."""
     table = trace.table()
     locations = list(getattr(trace, "locations", None) or [])
     lines_of = getattr(trace, "lines", None)
@@ -305,7 +315,7 @@ def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None)
     if title is None:
         title = "device time by source line"
         if linked:
-            title += " (tap lines to pick out their spans on the timeline; tap again or Esc to let go)"
+            title += " (tap a line: its spans on the timeline)"
         elif not lines:
             title += ": no device work was issued from a recorded line"
         if n > MAX_VISIBLE:
@@ -340,7 +350,7 @@ def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None)
         name="source picks",
     )
     bars = GlyphRenderer(
-        data_source=ColumnDataSource(_bar_columns(data, at), name="source bars"),
+        data_source=ColumnDataSource(_bar_columns(data, at, dark), name="source bars"),
         glyph=HBar(y="y", left="left", right="right", height=0.6, fill_color="color", line_color=None),
         name="bars",
     )
@@ -348,7 +358,7 @@ def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None)
         x="x", y="y", text="text", text_align="align", text_color="color", text_font_style="style",
         text_font=value("monospace"), text_font_size=f"{FONT_PX}px", text_baseline="middle",
     )  # fmt: skip
-    labels = GlyphRenderer(data_source=ColumnDataSource(_label_columns(rows, data, at), name="source labels"),
+    labels = GlyphRenderer(data_source=ColumnDataSource(_label_columns(rows, data, at, dark), name="source labels"),
                            glyph=text, name="labels")  # fmt: skip
     plot.renderers = [picks, bars, labels]
     tips = [("line", "@where"), ("in", "@function"), ("device", "@work"), ("issued in", "@sites")]

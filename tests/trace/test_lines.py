@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import linecache
 import os
+import re
 import struct
 import threading
 
@@ -56,6 +57,7 @@ def test_a_cells_ops_are_each_charged_to_their_line(cell_shell) -> None:
     assert _by_line(t) == {3: (1, 4 << 10), 5: (3, 3 * (4 << 18)), 6: (1, 4 << 18)}
     cell_file = t.locations[0].file
     assert all(loc.file == cell_file and loc.function == "<module>" for loc in t.locations)
+    assert re.fullmatch(r"In\[\d+\]", lines_mod.short_file(cell_file))  # as IPython names it in tracebacks
     lines = t.statistics().lines
     rows = {int(n): (int(o), int(c), str(s)) for n, o, c, s in zip(lines["line"], lines["ops"], lines["copies"],
                                                                      lines["source"])}  # fmt: skip

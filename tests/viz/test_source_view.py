@@ -263,3 +263,11 @@ def test_a_thousand_spans_on_fifty_lines_build_quickly():
     wheel = view.select_one({"type": WheelPanTool})
     assert view.toolbar.active_scroll is wheel and wheel.dimension == "height"  # 50 lines: more than are shown at once
     assert took < 0.25, f"{took * 1e3:.0f} ms"  # about 20 ms on a laptop: Bokeh's models, the rows are < 1 ms
+
+
+def test_a_dark_page_gets_light_text(live: Trace) -> None:
+    from gpuworkbench.viz.source_view import INK
+
+    light = source(source_figure(live), "source labels")["color"]
+    dark = source(source_figure(live, dark=True), "source labels")["color"]
+    assert INK[False]["source"] in light and INK[True]["source"] in dark and INK[False]["source"] not in dark
