@@ -26,11 +26,12 @@ TRACED_CELL = """\
 %%gpu
 import numpy as np
 import gpuworkbench as gw
+scale_add = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")
 dev = gw.Device("cpu")
-x, y = dev.alloc(1 << 16), dev.alloc(1 << 16)
 host = np.ones(1 << 16, np.float32)
+x, y = dev.alloc(1 << 16), dev.alloc(1 << 16)
 x.copy_from_host(host)
-gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")(x, y).wait()
+scale_add(x, y).wait()
 out = y.copy_to_host()"""
 #: A second traced cell: the panel then offers to compare it with the first.
 SECOND_CELL = """\
@@ -117,6 +118,9 @@ def test_panel_shows_device_and_trace_and_opens_timeline(
     ).to_be_visible()
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        # Room for the source views (cell and tab) side by side: a wider page, the file browser folded away.
+        page.set_viewport_size({"width": 1920, "height": 1000})
+        page.evaluate("window.jupyterapp.commands.execute('application:toggle-left-area')")
         page.wait_for_timeout(1500)  # let Bokeh finish drawing
         page.screenshot(path=str(Path(SHOTS) / "light.png"))
         page.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")

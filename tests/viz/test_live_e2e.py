@@ -2,8 +2,9 @@
 
 Starts ``jupyter-lab`` on a free port with a token and a temporary notebook folder, opens a notebook that loads
 gpuworkbench, traces a ``%%gpu`` cell on the CPU backend, starts ``%gpu live`` and then runs a ~8 s loop of copies and
-small kernels. Checks that the traced cell rendered a Bokeh timeline, and that the live dashboard's numbers changed
-in the browser while the loop cell was still running (its prompt still ``[*]``): pushed from the kernel, not polled.
+small kernels. Checks that the traced cell rendered a Bokeh timeline, that the live dashboard's numbers changed
+in the browser while the loop cell was still running (its prompt still ``[*]``): pushed from the kernel, not polled,
+and that tapping a line of the traced cell's source view picks out that line's spans on its timeline.
 Skips, saying why, without Chromium, Playwright or jupyter-lab. Needs no built JupyterLab extension.
 """
 
@@ -25,13 +26,19 @@ TRACED_CELL = """\
 import gpuworkbench as gw
 import numpy as np
 dev = gw.Device('cpu')
-b = dev.alloc(1 << 20)
 s = dev.create_stream()
 scale_add = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")
+a, b = dev.alloc(1 << 20), dev.alloc(1 << 20)
+a.copy_from_host(np.ones(1 << 20, np.float32))
+for _ in range(4):
+    scale_add(a, b).wait()
+result = b.copy_to_host()
 inputs = [np.full(1 << 20, i, np.float32) for i in range(8)]
 outputs = [np.empty(1 << 20, np.float32) for _ in range(8)]
 with gw.Pipeline(dev, lambda x, y, st: scale_add(x, y, stream=st), depth=3) as pipe:
     pipe.run(inputs, outputs)"""
+#: The traced cell's kernel line run in a loop (its number in the cell's body, after the magic's line) and its spans.
+TAPPED_LINE, TAPPED_SPANS = 9, 4
 #: The traced cell's statistics: kernels by time, copies by direction and host memory.
 STATS_CELL = "traced.statistics()"
 LIVE_CELL = "%gpu live"
@@ -63,8 +70,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def page() -> Iterator:
-    """A Playwright page in the system Chromium."""
-    with chromium_page() as page:
+    """A Playwright page in the system Chromium; for screenshots, tall enough that each cell's output fits whole."""
+    with chromium_page({"width": 1500, "height": 2400} if SHOTS else None) as page:
         yield page
 
 
@@ -95,6 +102,53 @@ def _run_all_cells(page, cells) -> None:
             if attempt == 3:
                 raise
             page.keyboard.press("Escape")  # close the menu if it is still open
+
+
+#: The traced cell's source view, from the page's Bokeh documents: each line's row (y) and number, the picked lines,
+#: and how many spans of the timeline are picked out.
+SOURCE_PICKS = """() => {
+  for (const doc of window.Bokeh?.documents ?? []) {
+    const rows = doc.get_model_by_name("source rows")
+    if (rows == null) continue
+    const spans = doc.get_model_by_name("spans").data_source
+    return {y: Array.from(rows.data.y), line: Array.from(rows.data.line),
+            picked: rows.selected.indices.map((i) => rows.data.line[i]), spans: spans.selected.indices.length}
+  }
+  return null
+}"""
+#: Blur what has the keyboard focus, through shadow roots (Bokeh draws inside them).
+BLUR = """() => {
+  let el = document.activeElement
+  while (el?.shadowRoot?.activeElement) el = el.shadowRoot.activeElement
+  el?.blur()
+}"""
+#: How far below its canvas's top the timeline's time axis (with its label) ends: the legends come after it.
+AXIS_BOTTOM = """() => {
+  for (const doc of window.Bokeh?.documents ?? []) {
+    if (doc.get_model_by_name("source rows") == null) continue
+    const plot = Bokeh.index.find_one(doc.get_model_by_name("spans"))?.parent
+    const axes = (plot?.model.below ?? []).filter((m) => "axis_label" in m).map((m) => Bokeh.index.find_one(m))
+    return axes.length ? Math.max(...axes.map((v) => v.bbox.bottom)) : null
+  }
+  return null
+}"""
+
+
+def _tap_line(page, view, line: int) -> dict:
+    """Tap ``line`` of the cell in the source view (``view``: its Bokeh canvas); returns the picks afterwards."""
+    from gpuworkbench.viz.source_view import BORDER_PX, ROW_PX, TITLE_PX
+
+    rows = page.evaluate(SOURCE_PICKS)
+    assert rows is not None, "no source view in the page's Bokeh documents"
+    assert line in rows["line"], f"line {line} is not in the source view: {rows['line']}"
+    row = rows["y"][rows["line"].index(line)]
+    box = view.bounding_box()
+    frame_top = box["y"] + TITLE_PX - BORDER_PX  # the rows start under the title
+    page.mouse.click(box["x"] + 60, frame_top + (row + 0.5) * ROW_PX)
+    page.mouse.move(0, 0)  # no tooltip over the picture
+    page.evaluate(BLUR)  # nor the focus ring the tap left around the view
+    page.wait_for_timeout(500)
+    return page.evaluate(SOURCE_PICKS)
 
 
 def test_traced_timeline_and_live_dashboard_update_while_cell_runs(page, lab: tuple[str, str]) -> None:
@@ -148,14 +202,32 @@ def test_traced_timeline_and_live_dashboard_update_while_cell_runs(page, lab: tu
         f"read {len(samples)} times: first {first[1]!r}, last {samples[-1][1]!r}"
     )
     assert changed[1] != first[1]
-    if SHOTS:  # the dashboard mid-loop, and the %%gpu cell's timeline
+    if SHOTS:  # the dashboard mid-loop
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
         live.screenshot(path=str(Path(SHOTS) / "live-dashboard.png"))
-        traced.locator(".jp-OutputArea").screenshot(path=str(Path(SHOTS) / "timeline.png"))
-        stats.locator(".jp-OutputArea").screenshot(path=str(Path(SHOTS) / "statistics.png"))
     # The live timeline is a rendered Bokeh canvas too.
     expect(live.locator(".jp-OutputArea .bk-Canvas").first).to_be_attached()
 
     # And the loop cell does finish, with no error.
     expect(prompt).to_have_text(re.compile(r"\[\d+\]"), timeout=TIMEOUT_MS)
     expect(loop.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")).to_have_count(0)
+
+    # Above the %%gpu cell's timeline, the source view: tapping the loop's kernel line picks out its kernels' spans.
+    output = traced.locator(".jp-OutputArea")
+    if SHOTS:  # before anything is picked
+        output.screenshot(path=str(Path(SHOTS) / "timeline.png"))
+        stats.locator(".jp-OutputArea").screenshot(path=str(Path(SHOTS) / "statistics.png"))
+    canvases = output.locator(".bk-Canvas")
+    view, timeline = canvases.nth(0), canvases.nth(1)  # the source view comes first, then the timeline
+    view.scroll_into_view_if_needed()
+    picks = _tap_line(page, view, TAPPED_LINE)
+    assert picks["picked"] == [TAPPED_LINE], f"tapping line {TAPPED_LINE} picked {picks['picked']}"
+    assert picks["spans"] == TAPPED_SPANS, f"line {TAPPED_LINE} picked out {picks['spans']} spans, not {TAPPED_SPANS}"
+    if SHOTS:  # the source view and the timeline, with the tapped line's spans picked out
+        top, bottom = view.bounding_box(), timeline.bounding_box()
+        axis = page.evaluate(AXIS_BOTTOM)  # down to the time axis; without it, the whole canvas (legends too)
+        end = bottom["y"] + (axis + 6 if axis else bottom["height"])
+        left = output.bounding_box()["x"]
+        clip = {"x": left, "y": top["y"] - 4, "width": bottom["x"] + bottom["width"] - left + 40}
+        clip["height"] = end - clip["y"]
+        page.screenshot(path=str(Path(SHOTS) / "source-lines.png"), clip=clip)
