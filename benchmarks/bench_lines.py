@@ -2,6 +2,7 @@
 
     python benchmarks/bench_lines.py proof [--steps 5]     # kernels charged to the same cell line as the profiler's
     python benchmarks/bench_lines.py cost [--rounds 9]     # launch loops and a training cell, lines on / off
+    python benchmarks/bench_lines.py profiler [--rounds 9] # the same cell in torch.profiler(with_stack=True)
     python benchmarks/bench_lines.py all
 
 ``proof`` runs a small CNN's training steps as a notebook cell would (code compiled under a cell's name, forward,
@@ -11,9 +12,12 @@ of the cell is its line; ours is the span's location (device memsets count as ke
 lists them among an op's kernels). Kernels are matched by name: per kernel name, the lines each
 side gives are compared as multisets, and the share of the profiler's kernels that we charge to the same line is the
 match. ``cost`` interleaves rounds: an empty-kernel loop of our ``Kernel`` and of CuPy's ``RawKernel`` (µs per
-launch) in a trace with lines off and on, and the training cell untraced, in ``gw.trace()``, in
-``gw.trace(lines=True)`` and in ``torch.profiler(with_stack=True)`` (ms per cell, the trace's records waited for).
-Each result is one JSON line; ratios are medians of the interleaved pairs.
+launch) in a trace with lines off, on, and on with CUPTI's call-site callbacks off, and the training cell untraced,
+in ``gw.trace()`` and in ``gw.trace(lines=True)`` (ms per cell, the trace's records waited for); ``profiler`` the
+cell untraced and in ``torch.profiler(with_stack=True)``, in a process of its own (after a profiler, PyTorch keeps
+CUPTI's one callback subscriber); ``all`` runs the three in processes of their own and puts the two costs side by
+side, each over its own process's untraced cell. Each result is one JSON line; ratios are medians of the
+interleaved pairs.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import collections
 import json
 import linecache
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any
@@ -193,12 +198,9 @@ def _rows(frame: Any) -> list[dict[str, Any]]:
     return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
-def cost(rounds: int) -> None:
+def _loops(gw: Any) -> dict[str, Any]:
+    """Empty-kernel launch loops, µs per launch: our ``Kernel`` and CuPy's ``RawKernel``."""
     import cupy as cp
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    import gpuworkbench as gw
 
     dev = gw.Device("cuda:0")
     k = dev.compile('extern "C" __global__ void e(float *b) {}', "e")
@@ -220,6 +222,15 @@ def cost(rounds: int) -> None:
             raw((1,), (1,), ())
         cp.cuda.Device().synchronize()
         return (time.perf_counter() - t0) / n * 1e6
+
+    return {"gw": gw_loop, "cupy": cupy_loop}
+
+
+def _cell_runner(gw: Any) -> Any:
+    """``cell(how)``: ms of ten training steps run as the cell, untraced, traced (with lines or not, with CUPTI's
+    call-site callbacks or not) or in torch.profiler(with_stack=True), records waited for."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
 
     code = _cell()
     model, opt = _model()
@@ -245,52 +256,101 @@ def cost(rounds: int) -> None:
                 exec(code, env)
                 torch.cuda.synchronize()
             t.wait_pending()
+            _sites_on(t, how == "lines")
         return (time.perf_counter() - t0) * 1e3
 
-    loops = {"gw": gw_loop, "cupy": cupy_loop}
+    return cell
+
+
+def _sites_on(t: Any, expected: bool) -> None:
+    """Stop where CUPTI's call-site callbacks were not as the variant says (another tool holding the subscriber)."""
+    on = t._sites is not None and t._sites.calls > 0
+    if on != expected:
+        raise SystemExit(f"call sites {'off' if expected else 'on'} where they should not be: {t.stats.warnings}")
+
+
+def _pairs(results: dict[str, list[float]], a: str, b: str) -> list[float]:
+    return [x / y for x, y in zip(results[a], results[b])]
+
+
+def cost(rounds: int) -> None:
+    """Launch loops and the training cell with lines off and on, in a process where no torch.profiler ran (after one,
+    PyTorch's Kineto keeps CUPTI's one callback subscriber, and a trace's call sites are off)."""
+    import gpuworkbench as gw
+
+    loops = _loops(gw)
+    cell = _cell_runner(gw)
     results: dict[str, list[float]] = collections.defaultdict(list)
     for loop in loops.values():
         loop()
     for r in range(rounds):
-        order = ("off", "on") if r % 2 == 0 else ("on", "off")
+        order = ("off", "on", "on-no-sites") if r % 2 == 0 else ("on-no-sites", "on", "off")
         for which, loop in loops.items():
-            for lines in (*order, "on-no-sites"):
+            for lines in order:
                 with gw.trace(lines=lines != "off") as t:
                     if lines == "on-no-sites":  # where the walk alone costs: CUPTI's callbacks off
                         gw.cupti.LIFECYCLE.report_sites(None)
                     loop()  # warm: the trace's first launches
                     results[f"{which} {lines}"].append(loop())
                 t.wait_pending()
-                if r == 0:
-                    emit(loop=which, lines=lines, sites=t._sites.calls if t._sites else None, warnings=t.stats.warnings)
-        hows = ["untraced", "trace", "lines", "lines-no-sites", "profiler"]
+                if lines == "on" and which == "cupy":
+                    _sites_on(t, True)
+        hows = ["untraced", "trace", "lines", "lines-no-sites"]
         for how in hows if r % 2 == 0 else reversed(hows):
             results[f"cell {how}"].append(cell(how))
     for key, values in results.items():
         emit(measure=key, median=round(statistics.median(values), 3), values=[round(v, 3) for v in values])
     for which in loops:
         for on in ("on", "on-no-sites"):
-            pairs = [a / b for a, b in zip(results[f"{which} {on}"], results[f"{which} off"])]
+            pairs = _pairs(results, f"{which} {on}", f"{which} off")
             emit(ratio=f"{which} launch, lines {on} / off", median=round(statistics.median(pairs), 3),
                  pairs=[round(p, 3) for p in pairs])  # fmt: skip
-    for how in ("lines", "lines-no-sites", "profiler", "untraced"):
-        pairs = [a / b for a, b in zip(results[f"cell {how}"], results["cell trace"])]
-        emit(ratio=f"cell {how} / cell trace", median=round(statistics.median(pairs), 3))
-    pairs = [a / b for a, b in zip(results["cell lines"], results["cell profiler"])]
-    emit(ratio="cell lines / cell profiler(with_stack)", median=round(statistics.median(pairs), 3))
+    for how in ("trace", "lines", "lines-no-sites"):
+        emit(ratio=f"cell {how} / untraced", median=round(statistics.median(_pairs(results, f"cell {how}",
+             "cell untraced")), 3))  # fmt: skip
+    emit(ratio="cell lines / trace", median=round(statistics.median(_pairs(results, "cell lines", "cell trace")), 3))
+
+
+def profiler(rounds: int) -> None:
+    """The training cell untraced and in torch.profiler(with_stack=True), in a process of its own."""
+    import gpuworkbench as gw
+
+    cell = _cell_runner(gw)
+    results: dict[str, list[float]] = collections.defaultdict(list)
+    for r in range(rounds):
+        for how in ("untraced", "profiler") if r % 2 == 0 else ("profiler", "untraced"):
+            results[f"cell {how}"].append(cell(how))
+    for key, values in results.items():
+        emit(measure=key, median=round(statistics.median(values), 3), values=[round(v, 3) for v in values])
+    emit(ratio="cell profiler / untraced", median=round(statistics.median(_pairs(results, "cell profiler",
+         "cell untraced")), 3))  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=("proof", "cost", "all"))
+    ap.add_argument("mode", choices=("proof", "cost", "profiler", "all"))
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
-    emit(python=sys.version.split()[0])
-    if args.mode in ("proof", "all"):
-        proof(args.steps)
-    if args.mode in ("cost", "all"):
-        cost(args.rounds)
+    if args.mode != "all":
+        emit(python=sys.version.split()[0], mode=args.mode)
+        {"proof": lambda: proof(args.steps), "cost": lambda: cost(args.rounds),
+         "profiler": lambda: profiler(args.rounds)}[args.mode]()  # fmt: skip
+        return
+    ratios = {}
+    for mode in ("proof", "cost", "profiler"):  # each in a process of its own: see ``cost``
+        extra = ["--steps", str(args.steps)] if mode == "proof" else ["--rounds", str(args.rounds)]
+        out = subprocess.run([sys.executable, __file__, mode, *extra], capture_output=True, text=True, check=True)
+        for line in out.stdout.splitlines():
+            print(line, flush=True)
+            if line.startswith("{"):
+                row = json.loads(line)
+                if "ratio" in row:
+                    ratios[row["ratio"]] = row["median"]
+    lines, prof = ratios.get("cell lines / untraced"), ratios.get("cell profiler / untraced")
+    if lines and prof:
+        emit(ratio="cell lines / cell profiler(with_stack), each over its process's untraced cell",
+             median=round(lines / prof, 3))  # fmt: skip
 
 
 if __name__ == "__main__":
