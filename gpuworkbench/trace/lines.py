@@ -127,6 +127,11 @@ class SourceLines:
         #: The thread that started the trace: work on a thread without user frames (PyTorch's autograd engine) is
         #: charged to the line this thread is on.
         self.home = threading.get_ident()
+        #: Where each thread's user code is now (thread id -> location code), kept by a ``call_watch.CallWatch``
+        #: while ``watched``: an op then reads it instead of walking the stack.
+        self.current: dict[int, int] = {}
+        self.watched = False
+        self._by_line: dict[tuple[int, int], int] = {}  # (id(code), line) of a frame in focus -> code
 
     @classmethod
     def holding(cls, locations: list[Location]) -> SourceLines:
@@ -147,6 +152,11 @@ class SourceLines:
             frame = frame.f_back
         if frame is not None:
             self.focus = frozenset({frame.f_code.co_filename})
+
+    def is_library(self, code: Any) -> bool:
+        """Whether frames of ``code`` are library code (under :data:`LIBRARIES`, frozen or generated)."""
+        known = self._library.get(id(code))
+        return self._is_library(code) if known is None else known[0]
 
     def _is_library(self, code: Any) -> bool:
         if self._version != _VERSION[0]:
@@ -197,9 +207,27 @@ class SourceLines:
                 loc = self._index[key] = len(self.locations) - 1
         return loc
 
+    def in_focus(self, code: Any, line: int) -> int:
+        """The location code of line ``line`` of ``code``, a frame of the focus (its own site): no walk."""
+        loc = self._by_line.get((id(code), line))
+        if loc is None:
+            key = (code.co_filename, line, code.co_name, code.co_filename, line, code.co_name)
+            with self._lock:
+                loc = self._index.get(key)
+                if loc is None:
+                    self._codes.append(code)  # its id keys ``_by_line``: held, so that it is not reused
+                    self.locations.append(Location(*key))
+                    loc = self._index[key] = len(self.locations) - 1
+            self._by_line[(id(code), line)] = loc
+        return loc
+
     def here(self, skip: int = 1) -> int:
         """The location code of the caller's stack (``skip`` frames above this one), or of the home thread's where
-        this thread has no user frame."""
+        this thread has no user frame; where a watch keeps each thread's place, that place."""
+        if self.watched:
+            loc = self.current.get(threading.get_ident(), -1)
+            if loc >= 0:
+                return loc
         loc = self.at(sys._getframe(skip))  # noqa: SLF001 - the one cheap way to the caller's frame
         if loc < 0 and threading.get_ident() != self.home:
             loc = self.at(sys._current_frames().get(self.home))  # noqa: SLF001

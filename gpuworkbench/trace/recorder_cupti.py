@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import cupti as cupti_source
+from .call_watch import CallWatch
 from .columns import DeviceClock
 from .cupti import detach as detach_hook
 from .cupti.clock import WindowClock
@@ -26,6 +27,17 @@ CUPTI_HANDOFF_S = 2.0
 #: Modules whose presence means CUDA may be used by other code in this process: a trace then starts CUPTI when it
 #: starts, not when the workbench's own first op meets a CUDA device, so that every library's work is in it.
 CUDA_MODULES = ("cupy", "torch", "numba.cuda", "cuda.core", "cuda.bindings", "pycuda", "jax")
+
+
+class _CallSites:
+    """How a trace with lines finds the source line of other libraries' CUDA calls: "auto" (Python's monitoring on
+    3.12+, else CUPTI's callbacks), "monitoring", "cupti" (CUPTI's callbacks: ~2.5 µs and more per CUDA call, every
+    library's and ours, H200) or "off"."""
+
+    by = "auto"
+
+
+CALL_SITES = _CallSites()
 
 
 class _Owner:
@@ -185,29 +197,47 @@ class CuptiTracing:
         )
 
     def _report_sites(self) -> None:
-        """Have CUPTI's callbacks log the call site of other libraries' launches and copies (a trace with ``lines``
-        that records their work), so that their spans carry their source line too (``cupti/sites.py``)."""
+        """Log where user code is as other libraries' launches and copies are made (a trace with ``lines`` that
+        records their work), so that their spans carry their source line too: by Python's monitoring where it has it
+        (``call_watch.py``), else by CUPTI's callbacks (``cupti/sites.py``); ``CALL_SITES`` chooses."""
         if self.lines is None or self._foreign is None or self._cupti is None or self._sites is not None:
             return
         sites = CallSites(self.lines, cupti_source.LIFECYCLE.work_cbids)
-        status = cupti_source.LIFECYCLE.report_sites(sites)
-        if status:
-            why = "another tool holds CUPTI's callbacks" if status < 0 else f"CUPTI refused its callbacks ({status})"
-            self.warn_once(f"other libraries' work carries no source line: {why}")
+        if CALL_SITES.by in ("auto", "monitoring") and CallWatch.available():
+            watch = CallWatch(self.lines, sites)
+            if watch.start(sys._getframe(1)):  # noqa: SLF001 - the code that starts the trace is watched too
+                sites.watch = watch
+            else:
+                self.warn_once("other libraries' work carries no source line: Python's monitoring tools are taken")
+                return
+        elif CALL_SITES.by in ("auto", "cupti"):
+            status = cupti_source.LIFECYCLE.report_sites(sites)
+            if status:
+                why = (
+                    "another tool holds CUPTI's callbacks" if status < 0 else f"CUPTI refused its callbacks ({status})"
+                )
+                self.warn_once(f"other libraries' work carries no source line: {why}")
+                return
+        else:
             return
         self._sites = sites
         self._foreign.locate = _weak(self._locate_calls)
 
     def _stop_sites(self) -> None:
         """Stop logging call sites (the log stays, for the harvests still to come)."""
-        if self._sites is not None and detach_hook.HOOK is self._sites:
+        sites = self._sites
+        if sites is None:
+            return
+        if sites.watch is not None:
+            sites.watch.stop()
+        elif detach_hook.HOOK is sites:
             cupti_source.LIFECYCLE.report_sites(None)
 
-    def _locate_calls(self, thread: np.ndarray, start: np.ndarray, end: np.ndarray, corr: np.ndarray) -> np.ndarray:
-        """The source location of each of other libraries' API calls (thread, start and end on CUPTI's clock, id)."""
+    def _locate_calls(self, thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """The source location of each of other libraries' API calls (thread, start and end on CUPTI's clock)."""
         try:
             off = self._window.offsets(self._cupti, start) if self._cupti is not None else 0
-            return self._sites.locate(thread, start - off, end - off, corr)
+            return self._sites.locate(thread, start - off, end - off)
         except Exception as exc:  # noqa: BLE001 - a location is never worth a span
             self.warn_once(f"other libraries' work has no source line: placing their calls failed ({exc!r})")
             return np.full(thread.size, -1, np.int64)

@@ -7,6 +7,7 @@ import linecache
 import os
 import re
 import struct
+import sys
 import threading
 
 import numpy as np
@@ -14,7 +15,8 @@ import pytest
 
 import gpuworkbench as gw
 from gpuworkbench.trace import lines as lines_mod
-from gpuworkbench.trace.cupti.sites import CallSites
+from gpuworkbench.trace.call_watch import CallWatch
+from gpuworkbench.trace.cupti.sites import KEEP, CallSites
 from gpuworkbench.trace.lines import Location, SourceLines
 
 CELL = """\
@@ -174,7 +176,7 @@ def _cbdata(site: int, corr: int):
     return data
 
 
-def test_call_sites_log_entries_and_join_api_calls_by_id_or_thread_and_time() -> None:
+def test_call_sites_log_what_cuptis_callback_reports_and_join_each_call_to_its_threads_last_entry() -> None:
     lines = SourceLines()
     sites = CallSites(lines, bytes([0, 1, 0]))
     data = [_cbdata(0, 41), _cbdata(1, 41), _cbdata(0, 42), _cbdata(0, 43)]
@@ -182,16 +184,17 @@ def test_call_sites_log_entries_and_join_api_calls_by_id_or_thread_and_time() ->
     exec(code, {"hook": lambda cbid, data: sites(cbid, data), "d": [ctypes.addressof(x) for x in data]})
     # frame 2 above the hook (the lambda stands for detach._on_api) is the cell: its lines are the sites; the exit
     # (site 1) and the call whose id the work table does not mark (cbid 2) log nothing
-    assert sites.calls == 2 and [(loc, corr) for _, _, loc, corr in sites.log] == [(0, 41), (1, 43)]
+    assert sites.calls == 2 and [loc for _, _, loc in sites.log] == [0, 1]
     thread = sites.log[0][0]
-    (t0, l0), (t1, l1) = [(t, loc) for _, t, loc, _ in sites.log]
+    (t0, l0), (t1, l1) = [(t, loc) for _, t, loc in sites.log]
     got = sites.locate(
-        np.array([thread, thread, thread + 1, thread, thread]),
-        np.array([t0 - 5, t1, t0 - 5, t1 + 10, 0]),
-        np.array([t0 + 5, t1 + 1, t0 + 5, t1 + 20, 1]),
-        np.array([7, 8, 9, 10, 43]),  # the last: joined by its id, whatever its time
+        np.array([thread, thread, thread, thread + 1]),
+        np.array([t0 - 5, t1 - 5, t0 - 20, 0]),
+        np.array([t0 + 5, t1 + 5, t0 - 10, t1 + 5]),  # the third ended before any entry
     )
-    assert got.tolist() == [l0, l1, -1, -1, l1]
+    home = lines.home & 0xFFFFFFFF
+    assert got.tolist()[:3] == [l0, l1, -1]
+    assert got[3] == (l1 if home == thread else -1)  # a thread without entries takes the home thread's
     assert [lines.locations[l0].line, lines.locations[l1].line] == [1, 4]
 
 
@@ -204,16 +207,17 @@ def test_call_sites_skip_calls_made_by_our_own_code() -> None:
     assert sites.log == [] and sites.calls == 0
 
 
-def test_call_sites_join_calls_of_several_threads_by_time_where_no_id_matches() -> None:
-    sites = CallSites(SourceLines(), b"\x01")
-    sites.log += [(5, 100, 0, 41), (5, 200, 1, 42), (6, 300, 2, 50)]  # (thread, time, location, id)
-    got = sites.locate(
-        np.array([5, 5, 6, 6, 6]),
-        np.array([90, 150, 290, 0, 400]),
-        np.array([110, 250, 310, 1, 500]),
-        np.array([1, 2, 3, 50, 4]),
-    )
-    assert got.tolist() == [0, 1, 2, 2, -1]
+def test_call_sites_join_calls_of_several_threads_and_keep_each_threads_last_entry() -> None:
+    lines = SourceLines()
+    lines.home = 6
+    sites = CallSites(lines)
+    sites.log += [(5, 100, 0), (5, 200, 1), (6, 300, 2)]  # (thread, time, location)
+    got = sites.locate(np.array([5, 5, 6, 6, 7, 5]), np.zeros(6, np.int64), np.array([110, 250, 310, 299, 320, 90]))
+    assert got.tolist() == [0, 1, 2, -1, 2, -1]  # thread 7 has no entry: the home thread's (6) at its time
+    for _ in range(KEEP + 1):  # old entries go, each thread's last stays: that is where the thread still is
+        sites.locate(np.array([5]), np.zeros(1, np.int64), np.array([1000]))
+    assert sites.locate(np.array([5, 6]), np.zeros(2, np.int64), np.array([5000, 5000])).tolist() == [1, 2]
+    assert sites._time.tolist() == [200, 300]
 
 
 def test_a_trace_started_in_a_cell_charges_the_work_its_lines_call_to_them() -> None:
@@ -229,3 +233,45 @@ def test_a_trace_started_in_a_cell_charges_the_work_its_lines_call_to_them() -> 
         ("<started here>", 3, "<earlier>", 2),
         ("<started here>", 4, "<earlier>", 2),
     ]
+
+
+@pytest.mark.skipif(not CallWatch.available(), reason="Python's monitoring (sys.monitoring) needs Python 3.12+")
+def test_the_call_watch_logs_each_line_of_user_code_and_each_return_into_it_and_no_library_code() -> None:
+    import json
+
+    lines = SourceLines(("<watched>",))
+    sites = CallSites(lines)
+    watch = CallWatch(lines, sites)
+    env = {"json": json}
+    exec(_cell("<helper cell>", "def helper(x):\n    return json.dumps(x)\n"), env)
+    code = _cell("<watched>", "a = json.dumps([1])\nb = helper({'k': 2}) * 2\nc = len(a) + 1\n")
+    assert watch.start(sys._getframe(0))
+    tool = watch.tool
+    try:
+        exec(code, env)
+        mine = lines.current.get(threading.get_ident())
+    finally:
+        watch.stop()
+    where = [lines.locations[loc] for _, _, loc in sites.log]
+    cell = [(w.line, w.site_file, w.site_line) for w in where if w.file == "<watched>"]
+    # line 1; line 2, helper's line (its own line kept as the site), back on line 2 when helper returns (where
+    # "* 2" runs); line 3. json's own Python code runs unwatched.
+    assert cell == [
+        (1, "<watched>", 1), (2, "<watched>", 2), (2, "<helper cell>", 2), (2, "<watched>", 2), (3, "<watched>", 3)
+    ]  # fmt: skip
+    assert watch.calls == len(sites.log) and all(w.file in ("<watched>", __file__) for w in where)
+    assert lines.locations[mine].file == __file__  # after the cell returned: this test's line that ran it
+    assert sys.monitoring.get_tool(tool) is None and not lines.watched  # the tool id is given back
+    n = len(sites.log)
+    exec(code, env)
+    assert len(sites.log) == n  # stopped: nothing more is logged
+
+
+def test_an_op_reads_the_threads_place_where_a_watch_keeps_it() -> None:
+    lines = SourceLines()
+    spot = lines.add(Location("<cell>", 7, "<module>", "<cell>", 7, "<module>"))
+    lines.current[threading.get_ident()] = spot
+    lines.watched = True
+    assert lines.here(1) == spot
+    lines.watched = False
+    assert lines.locations[lines.here(1)].file == __file__  # no watch: the walk finds this test's frame

@@ -94,9 +94,9 @@ class ForeignRecords:
         self._cycle = 0
         self.own_addresses: set[int] = set()  # device pointers of the workbench's own buffers
         self.other_bytes: dict[int, int] = {}  # trace device -> other libraries' net device allocations
-        #: ``locate(thread, start, end, corr)`` -> the source location of each API call (CUPTI's clock), where the trace
+        #: ``locate(thread, start, end)`` -> the source location of each API call (CUPTI's clock), where the trace
         #: attributes lines (``sites.CallSites``); None: spans carry no location.
-        self.locate: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None
+        self.locate: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None
 
     def spans(
         self,
@@ -160,9 +160,7 @@ class ForeignRecords:
                 enqueue[found] = calls["start"][used] - offset
                 link[found] = keys[used]
                 if self.locate is not None:
-                    loc[found] = self.locate(
-                        calls["thread"][used], calls["start"][used], calls["end"][used], keys[used]
-                    )
+                    loc[found] = self.locate(calls["thread"][used], calls["start"][used], calls["end"][used])
                 blocks.append(self._api_spans(calls, used, device[found], offset, loc[found]))
                 keep = np.ones(keys.size, bool)
                 keep[used] = False
