@@ -6,10 +6,10 @@ with lines: on Python 3.12 and later, each line of user code as it starts and ea
 (``trace/call_watch.py``, Python's monitoring: no CUDA call pays anything); before 3.12, CUPTI's callback at the entry
 of each driver call that enqueues work (``CallSites.__call__`` as ``detach.HOOK``: two ctypes calls per CUDA call,
 entry and exit). A harvest gives each API record the last entry its thread logged before the call ended (``locate``):
-the line running when the call was made, or the callback inside it; the device work takes the same location by correlation id (``foreign.py``). A thread with no
-entries (PyTorch's autograd engine runs backward on a thread without Python frames) takes the home thread's: the line
-that called ``loss.backward()``. Our own ops find their location as they are enqueued, so the callback skips a call
-made from gpuworkbench's code.
+the line running when the call was made, or the callback inside it; the device work takes the same location by
+correlation id (``foreign.py``). A thread with no entries (PyTorch's autograd engine runs backward on a thread
+without Python frames) takes the home thread's: the line that called ``loss.backward()``. Our own ops find their
+location as they are enqueued, so the callback skips a call made from gpuworkbench's code.
 """
 
 from __future__ import annotations
