@@ -1,22 +1,25 @@
 """Which line did that, on a GPU: our lines against torch.profiler(with_stack=True)'s, and what attribution costs.
 
-    python benchmarks/bench_lines.py proof [--steps 5]     # kernels charged to the same cell line as the profiler's
-    python benchmarks/bench_lines.py cost [--rounds 9]     # launch loops and a training cell, lines on / off
-    python benchmarks/bench_lines.py profiler [--rounds 9] # the same cell in torch.profiler(with_stack=True)
-    python benchmarks/bench_lines.py all
+    python benchmarks/bench_lines.py proof [--steps 5] [--sites auto|cupti]  # kernels on the profiler's cell lines
+    python benchmarks/bench_lines.py cost [--rounds 9]      # launch loops and a training cell, lines on / off
+    python benchmarks/bench_lines.py profiler [--rounds 9]  # the same cell in torch.profiler(with_stack=True)
+    python benchmarks/bench_lines.py all                    # each of those in a process of its own
 
-``proof`` runs a small CNN's training steps as a notebook cell would (code compiled under a cell's name, forward,
+``proof`` runs a small CNN's training steps as a notebook cell would (code compiled under a cell's name; forward,
 loss, backward and optimizer on lines of their own), once in ``gw.trace(lines=True)`` with the cell as focus and once
-in ``torch.profiler.profile(with_stack=True)``. For each kernel the profiler gives a stack for, its innermost line
-of the cell is its line; ours is the span's location (device memsets count as kernels on both sides: the profiler
-lists them among an op's kernels). Kernels are matched by name: per kernel name, the lines each
-side gives are compared as multisets, and the share of the profiler's kernels that we charge to the same line is the
-match. ``cost`` interleaves rounds: an empty-kernel loop of our ``Kernel`` and of CuPy's ``RawKernel`` (µs per
-launch) in a trace with lines off, on, and on with CUPTI's call-site callbacks off, and the training cell untraced,
-in ``gw.trace()`` and in ``gw.trace(lines=True)`` (ms per cell, the trace's records waited for); ``profiler`` the
-cell untraced and in ``torch.profiler(with_stack=True)``, in a process of its own (after a profiler, PyTorch keeps
-CUPTI's one callback subscriber); ``all`` runs the three in processes of their own and puts the two costs side by
-side, each over its own process's untraced cell. Each result is one JSON line; ratios are medians of the
+in ``torch.profiler.profile(with_stack=True)``. The profiler's line of a kernel is the line of the innermost call the
+cell made around its op (its Python tracer keeps the calling line of each call); ours is the span's location. Device
+memsets count as kernels on both sides (the profiler lists them among an op's kernels). Kernels are matched by name:
+per name, the lines each side gives are compared as multisets; the match is the share of the profiler's kernels we
+charge to the same line. ``--sites`` picks how other libraries' call sites are found (``recorder_cupti.CALL_SITES``:
+"auto" is Python's monitoring on 3.12+, "cupti" CUPTI's callbacks).
+
+``cost`` interleaves rounds: an empty-kernel loop of our ``Kernel`` and of CuPy's ``RawKernel`` (µs per launch) in a
+trace with lines off, on, on with CUPTI's callbacks for call sites, and on with no call sites; and the training cell
+untraced, in ``gw.trace()`` and in ``gw.trace(lines=True)`` the same three ways (ms per cell, records waited for).
+``profiler``: the cell untraced and in torch.profiler(with_stack=True), in a process of its own (after a profiler,
+PyTorch keeps CUPTI's one callback subscriber). ``all`` runs them in processes of their own and puts the two costs
+side by side, each over its own process's untraced cell. Each result is one JSON line; ratios are medians of the
 interleaved pairs.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import linecache
 import statistics
@@ -80,7 +84,7 @@ def _innermost_cell_line(stack: list[str]) -> int | None:
     return None
 
 
-def proof(steps: int) -> None:
+def proof(steps: int, sites: str = "auto") -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -93,7 +97,7 @@ def proof(steps: int) -> None:
     torch.cuda.synchronize()
     env["steps"] = steps
 
-    with gw.trace(lines=True) as t:
+    with _sites_by(sites), gw.trace(lines=True) as t:
         t.lines.set_focus(CELL_NAME)
         exec(code, env)
         torch.cuda.synchronize()
@@ -138,6 +142,7 @@ def proof(steps: int) -> None:
         emit(differs=row)
     emit(
         proof="lines vs torch.profiler(with_stack=True)",
+        sites=sites,
         steps=steps,
         our_kernels=int(kernel.sum()),
         our_kernels_without_cell_line=unplaced,
@@ -148,7 +153,7 @@ def proof(steps: int) -> None:
         profiler_kernels_without_stack=no_stack,
         ours_for_kernels_the_profiler_gives_no_stack={str(k): v for k, v in placed_without_stack.items()},
         our_lines={str(r["line"]): int(r["ops"]) for r in _rows(t.statistics().lines)},
-        sites_logged=t._sites.calls if t._sites is not None else None,
+        sites_logged=None if t._sites is None else t._sites.calls + (t._sites.watch.calls if t._sites.watch else 0),
         warnings=t.stats.warnings,
     )
 
@@ -248,25 +253,40 @@ def _cell_runner(gw: Any) -> Any:
                 exec(code, env)
                 torch.cuda.synchronize()
         else:
-            with gw.trace(lines=how in ("lines", "lines-no-sites")) as t:
-                if how == "lines-no-sites":
-                    gw.cupti.LIFECYCLE.report_sites(None)
+            with _sites_by(SITES_OF.get(how, "auto")), gw.trace(lines=how != "trace") as t:
                 if t.lines is not None:
                     t.lines.set_focus(CELL_NAME)
                 exec(code, env)
                 torch.cuda.synchronize()
             t.wait_pending()
-            _sites_on(t, how == "lines")
+            _sites_on(t, how in ("lines", "lines-cupti"))
         return (time.perf_counter() - t0) * 1e3
 
     return cell
 
 
 def _sites_on(t: Any, expected: bool) -> None:
-    """Stop where CUPTI's call-site callbacks were not as the variant says (another tool holding the subscriber)."""
-    on = t._sites is not None and t._sites.calls > 0
+    """Stop where call sites were not logged as the variant says (another tool holding CUPTI's subscriber, say)."""
+    sites = t._sites
+    on = sites is not None and (sites.calls > 0 or (sites.watch is not None and sites.watch.calls > 0))
     if on != expected:
         raise SystemExit(f"call sites {'off' if expected else 'on'} where they should not be: {t.stats.warnings}")
+
+
+#: How each variant finds other libraries' call sites (``recorder_cupti.CALL_SITES``): "auto" is Python's
+#: monitoring on 3.12+.
+SITES_OF = {"lines-cupti": "cupti", "lines-no-sites": "off", "on-cupti": "cupti", "on-no-sites": "off"}
+
+
+@contextlib.contextmanager
+def _sites_by(by: str):
+    from gpuworkbench.trace import recorder_cupti
+
+    old, recorder_cupti.CALL_SITES.by = recorder_cupti.CALL_SITES.by, by
+    try:
+        yield
+    finally:
+        recorder_cupti.CALL_SITES.by = old
 
 
 def _pairs(results: dict[str, list[float]], a: str, b: str) -> list[float]:
@@ -284,28 +304,26 @@ def cost(rounds: int) -> None:
     for loop in loops.values():
         loop()
     for r in range(rounds):
-        order = ("off", "on", "on-no-sites") if r % 2 == 0 else ("on-no-sites", "on", "off")
+        order = ("off", "on", "on-cupti", "on-no-sites")
         for which, loop in loops.items():
-            for lines in order:
-                with gw.trace(lines=lines != "off") as t:
-                    if lines == "on-no-sites":  # where the walk alone costs: CUPTI's callbacks off
-                        gw.cupti.LIFECYCLE.report_sites(None)
+            for lines in order if r % 2 == 0 else reversed(order):
+                with _sites_by(SITES_OF.get(lines, "auto")), gw.trace(lines=lines != "off") as t:
                     loop()  # warm: the trace's first launches
                     results[f"{which} {lines}"].append(loop())
                 t.wait_pending()
-                if lines == "on" and which == "cupy":
-                    _sites_on(t, True)
-        hows = ["untraced", "trace", "lines", "lines-no-sites"]
+                if which == "cupy" and lines != "off":
+                    _sites_on(t, lines in ("on", "on-cupti"))
+        hows = ["untraced", "trace", "lines", "lines-cupti", "lines-no-sites"]
         for how in hows if r % 2 == 0 else reversed(hows):
             results[f"cell {how}"].append(cell(how))
     for key, values in results.items():
         emit(measure=key, median=round(statistics.median(values), 3), values=[round(v, 3) for v in values])
     for which in loops:
-        for on in ("on", "on-no-sites"):
+        for on in ("on", "on-cupti", "on-no-sites"):
             pairs = _pairs(results, f"{which} {on}", f"{which} off")
             emit(ratio=f"{which} launch, lines {on} / off", median=round(statistics.median(pairs), 3),
                  pairs=[round(p, 3) for p in pairs])  # fmt: skip
-    for how in ("trace", "lines", "lines-no-sites"):
+    for how in ("trace", "lines", "lines-cupti", "lines-no-sites"):
         emit(ratio=f"cell {how} / untraced", median=round(statistics.median(_pairs(results, f"cell {how}",
              "cell untraced")), 3))  # fmt: skip
     emit(ratio="cell lines / trace", median=round(statistics.median(_pairs(results, "cell lines", "cell trace")), 3))
@@ -331,15 +349,17 @@ def main() -> None:
     ap.add_argument("mode", choices=("proof", "cost", "profiler", "all"))
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--sites", default="auto", help="how call sites are found: auto, monitoring, cupti")
     args = ap.parse_args()
     if args.mode != "all":
         emit(python=sys.version.split()[0], mode=args.mode)
-        {"proof": lambda: proof(args.steps), "cost": lambda: cost(args.rounds),
+        {"proof": lambda: proof(args.steps, args.sites), "cost": lambda: cost(args.rounds),
          "profiler": lambda: profiler(args.rounds)}[args.mode]()  # fmt: skip
         return
     ratios = {}
-    for mode in ("proof", "cost", "profiler"):  # each in a process of its own: see ``cost``
-        extra = ["--steps", str(args.steps)] if mode == "proof" else ["--rounds", str(args.rounds)]
+    runs = [("proof", ["--steps", str(args.steps)]), ("proof", ["--steps", str(args.steps), "--sites", "cupti"])]
+    runs += [(mode, ["--rounds", str(args.rounds)]) for mode in ("cost", "profiler")]
+    for mode, extra in runs:  # each in a process of its own: see ``cost``
         out = subprocess.run([sys.executable, __file__, mode, *extra], capture_output=True, text=True, check=True)
         for line in out.stdout.splitlines():
             print(line, flush=True)
