@@ -2,8 +2,9 @@
 issued them (``benchmarks/bench_lines.py proof`` compares with torch.profiler's stacks).
 
 Each test runs its cell in a fresh process: once torch.profiler has run in a process (other tests here run it),
-PyTorch's Kineto keeps CUPTI's one callback subscriber, and a trace there says that other libraries' work carries no
-source line. Marked ``gpu``; skipped cleanly where CuPy, cupti-python or a GPU is missing.
+PyTorch's Kineto keeps CUPTI's one callback subscriber, and CUPTI's callbacks can no longer give other libraries' work
+its line (Python's monitoring, on 3.12+, needs none). Marked ``gpu``; skipped cleanly where CuPy, cupti-python or a
+GPU is missing.
 """
 
 from __future__ import annotations
@@ -130,16 +131,25 @@ def test_pytorch_backward_is_charged_to_the_backward_line(cuda) -> None:
     assert {1, 2, 3} <= set(lines), why  # forward, loss, and backward (launched from the autograd engine's thread)
 
 
-def test_after_torch_profiler_a_trace_says_other_libraries_work_has_no_line(cuda) -> None:
+def test_after_torch_profiler_lines_come_from_pythons_monitoring_and_cuptis_callbacks_say_they_cannot(cuda) -> None:
     pytest.importorskip("torch")
     result = child("""
+        import sys
         import torch
         from torch.profiler import ProfilerActivity, profile
+        from gpuworkbench.trace import recorder_cupti
         x = torch.ones(1024, device="cuda")
         with profile(activities=[ProfilerActivity.CUDA]):
             (x * 2).sum()
             torch.cuda.synchronize()
-        report(run_cell("<after-profiler>", "y = x * 3\\ntorch.cuda.synchronize()\\n", {"x": x, "torch": torch}))
+        cell = "y = x * 3\\ntorch.cuda.synchronize()\\n"
+        first = run_cell("<after-profiler>", cell, {"x": x, "torch": torch})
+        recorder_cupti.CALL_SITES.by = "cupti"
+        second = run_cell("<after-profiler, cupti>", cell, {"x": x, "torch": torch})
+        report(second, monitoring=hasattr(sys, "monitoring"),
+               first=[int(i) for i, k in zip(first.table()["loc"], first.table()["kind"]) if k == 4])
     """)
+    if result["monitoring"]:  # Python 3.12+: the watch needs no CUPTI callback, so Kineto's subscriber is no matter
+        assert result["first"] and all(i >= 0 for i in result["first"])
     assert any("carries no source line" in w for w in result["warnings"]), result["warnings"]
     assert kernels(result)  # the work is there, without its line
