@@ -60,12 +60,14 @@ def cuda() -> None:
         pytest.skip(why)
 
 
-def child(body: str) -> dict:
-    """Run PRELUDE + ``body`` in a fresh Python; its last line of output, as JSON."""
+def child(first: str, body: str = "") -> dict:
+    """Run PRELUDE, ``first`` and ``body`` (indented as a test writes it) in a fresh Python; its last line of output,
+    as JSON."""
+    if not body:
+        first, body = "", first
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)], capture_output=True, text=True, env=env, timeout=120
-    )
+    code = PRELUDE + first + textwrap.dedent(body)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -74,8 +76,11 @@ def kernels(result: dict) -> list[dict]:
     return [r for r in result["rows"] if r["kind"] == 4]
 
 
-def test_cupy_and_our_kernels_are_charged_to_their_lines(cuda) -> None:
-    result = child("""
+@pytest.mark.parametrize("by", ["auto", "cupti"])  # Python's monitoring (3.12+), CUPTI's callbacks (any Python)
+def test_cupy_and_our_kernels_are_charged_to_their_lines(cuda, by: str) -> None:
+    result = child(
+        f"from gpuworkbench.trace import recorder_cupti\nrecorder_cupti.CALL_SITES.by = {by!r}\n",
+        """
         dev = gw.Device("cuda:0")
         k = dev.compile('extern "C" __global__ void mark(float *b) { b[0] = 1; }', "mark")
         buf = dev.alloc(1, "float32")
@@ -85,7 +90,8 @@ def test_cupy_and_our_kernels_are_charged_to_their_lines(cuda) -> None:
         t = run_cell("<cuda-cell-1>", cell, {"x": x, "cp": cp, "k": k, "buf": buf, "s": s})
         stats = t.statistics().lines
         report(t, ops={int(n): int(o) for n, o in zip(stats["line"], stats["ops"])})
-    """)
+    """,
+    )
     why = f"warnings={result['warnings']} sites={result['sites']}"
     ours = [r for r in kernels(result) if r["name"] == "mark"]
     theirs = [r for r in kernels(result) if r["name"] != "mark"]
