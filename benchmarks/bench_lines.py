@@ -153,7 +153,7 @@ def proof(steps: int, sites: str = "auto") -> None:
         profiler_kernels_without_stack=no_stack,
         ours_for_kernels_the_profiler_gives_no_stack={str(k): v for k, v in placed_without_stack.items()},
         our_lines={str(r["line"]): int(r["ops"]) for r in _rows(t.statistics().lines)},
-        sites_logged=None if t._sites is None else t._sites.calls + (t._sites.watch.calls if t._sites.watch else 0),
+        sites_by=None if t._sites is None else ("monitoring" if t._sites.watch else "cupti"),
         warnings=t.stats.warnings,
     )
 
@@ -268,7 +268,7 @@ def _cell_runner(gw: Any) -> Any:
 def _sites_on(t: Any, expected: bool) -> None:
     """Stop where call sites were not logged as the variant says (another tool holding CUPTI's subscriber, say)."""
     sites = t._sites
-    on = sites is not None and (sites.calls > 0 or (sites.watch is not None and sites.watch.calls > 0))
+    on = sites is not None and (sites.calls > 0 or sites.watch is not None)
     if on != expected:
         raise SystemExit(f"call sites {'off' if expected else 'on'} where they should not be: {t.stats.warnings}")
 

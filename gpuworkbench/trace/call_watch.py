@@ -41,7 +41,6 @@ class CallWatch:
         self.tool = -1
         self._codes: list[CodeType] = []  # instrumented: cleared at stop
         self._local = 0
-        self.calls = 0  # events logged
 
     @staticmethod
     def available() -> bool:
@@ -65,10 +64,11 @@ class CallWatch:
         self._local = 0
         for name in self.EVENTS:
             self._local |= getattr(events, name)
+        line_cb, return_cb = self._callbacks()
         mon.register_callback(self.tool, events.PY_START, self._start)
-        mon.register_callback(self.tool, events.LINE, self._line)
-        mon.register_callback(self.tool, events.PY_RETURN, self._return)
-        mon.register_callback(self.tool, events.PY_YIELD, self._return)
+        mon.register_callback(self.tool, events.LINE, line_cb)
+        mon.register_callback(self.tool, events.PY_RETURN, return_cb)
+        mon.register_callback(self.tool, events.PY_YIELD, return_cb)
         lines = self.lines
         lines.current[_ident()] = lines.at(frame)
         while frame is not None:
@@ -105,25 +105,32 @@ class CallWatch:
             self._instrument(code)
         return MONITORING.DISABLE
 
-    def _line(self, code: CodeType, line: int) -> None:
-        """A line of user code starts: this thread is there now."""
+    def _callbacks(self) -> tuple[Any, Any]:
+        """The LINE and PY_RETURN / PY_YIELD callbacks, with what they touch bound as locals: they run once per line
+        of user code (a dict lookup, a tuple and an append where the line was seen before)."""
         lines = self.lines
-        if code.co_filename in lines.focus or not lines.focus:
-            loc = lines.in_focus(code, line)  # its own line and site: no walk
-        else:
-            loc = lines.at(sys._getframe(1))  # noqa: SLF001 - a function the cell called: its caller's line
-        self._log(loc)
+        by_line = lines.by_line
+        current = lines.current
+        append = self.sites.log.append
+        focus = lines.focus
+        in_focus, at, getframe, ident, now = lines.in_focus, lines.at, sys._getframe, _ident, _now  # noqa: SLF001
 
-    def _return(self, _code: CodeType, _offset: int, _value: object) -> None:
-        """User code returns (or yields): this thread is back where it was called from."""
-        caller = sys._getframe(1).f_back  # noqa: SLF001
-        self._log(self.lines.at(caller) if caller is not None else -1)
+        def on_line(code: CodeType, line: int) -> None:
+            loc = by_line.get((id(code), line))
+            if loc is None:  # first time here, or a function the cell called: its caller's line
+                loc = in_focus(code, line) if code.co_filename in focus else at(getframe(1))
+            me = ident()
+            current[me] = loc
+            append((me & 0xFFFFFFFF, now(), loc))
 
-    def _log(self, loc: int) -> None:
-        ident = _ident()
-        if loc >= 0:
-            self.lines.current[ident] = loc
-            self.sites.log.append((ident & 0xFFFFFFFF, _now(), loc))
-            self.calls += 1
-        else:
-            self.lines.current.pop(ident, None)
+        def on_return(_code: CodeType, _offset: int, _value: object) -> None:
+            caller = getframe(1).f_back  # back where it was called from
+            loc = at(caller) if caller is not None else -1
+            me = ident()
+            if loc >= 0:
+                current[me] = loc
+                append((me & 0xFFFFFFFF, now(), loc))
+            else:
+                current.pop(me, None)
+
+        return on_line, on_return

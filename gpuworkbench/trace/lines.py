@@ -131,7 +131,7 @@ class SourceLines:
         #: while ``watched``: an op then reads it instead of walking the stack.
         self.current: dict[int, int] = {}
         self.watched = False
-        self._by_line: dict[tuple[int, int], int] = {}  # (id(code), line) of a frame in focus -> code
+        self.by_line: dict[tuple[int, int], int] = {}  # (id(code), line) of a frame in focus -> location code
 
     @classmethod
     def holding(cls, locations: list[Location]) -> SourceLines:
@@ -209,16 +209,16 @@ class SourceLines:
 
     def in_focus(self, code: Any, line: int) -> int:
         """The location code of line ``line`` of ``code``, a frame of the focus (its own site): no walk."""
-        loc = self._by_line.get((id(code), line))
+        loc = self.by_line.get((id(code), line))
         if loc is None:
             key = (code.co_filename, line, code.co_name, code.co_filename, line, code.co_name)
             with self._lock:
                 loc = self._index.get(key)
                 if loc is None:
-                    self._codes.append(code)  # its id keys ``_by_line``: held, so that it is not reused
+                    self._codes.append(code)  # its id keys ``by_line``: held, so that it is not reused
                     self.locations.append(Location(*key))
                     loc = self._index[key] = len(self.locations) - 1
-            self._by_line[(id(code), line)] = loc
+            self.by_line[(id(code), line)] = loc
         return loc
 
     def here(self, skip: int = 1) -> int:

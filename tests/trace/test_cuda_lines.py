@@ -45,7 +45,8 @@ def report(t, **extra):
         for k, n, s, i in zip(table["kind"], table["name"], table["stream"], table["loc"])
     ]
     sites = t._sites
-    print(json.dumps({"rows": rows, "warnings": t.stats.warnings, "sites": sites.calls if sites else None, **extra}))
+    by = None if sites is None else ("monitoring" if sites.watch else f"cupti ({sites.calls} calls)")
+    print(json.dumps({"rows": rows, "warnings": t.stats.warnings, "sites": by, **extra}))
 """
 
 

@@ -39,6 +39,14 @@ def cell_shell(shell):
         shell.user_ns.pop(name, None)
 
 
+def work_locations(trace) -> list:
+    """The locations of the trace's device work (kernels, copies, memsets), in the order the spans arrived: a trace
+    may hold more locations than its ops use (a watch of Python's monitoring interns every line it sees)."""
+    table = trace.table()
+    work = np.isin(table["kind"], [0, 1, 2, 3, 4])
+    return [trace.locations[i] for i in table["loc"][work].tolist() if i >= 0]
+
+
 def _by_line(trace) -> dict[int, tuple[int, int]]:
     """line -> (ops, bytes) of the device work charged to it."""
     table = trace.table()
@@ -57,8 +65,8 @@ def test_a_cells_ops_are_each_charged_to_their_line(cell_shell) -> None:
     shell.run_cell(f"%%gpu -o t --no-show\n{CELL}").raise_error()
     t = shell.user_ns["t"]
     assert _by_line(t) == {3: (1, 4 << 10), 5: (3, 3 * (4 << 18)), 6: (1, 4 << 18)}
-    cell_file = t.locations[0].file
-    assert all(loc.file == cell_file and loc.function == "<module>" for loc in t.locations)
+    cell_file = work_locations(t)[0].file
+    assert all(loc.file == cell_file and loc.function == "<module>" for loc in work_locations(t))
     assert re.fullmatch(r"In\[\d+\]", lines_mod.short_file(cell_file))  # as IPython names it in tracebacks
     lines = t.statistics().lines
     rows = {int(n): (int(o), int(c), str(s)) for n, o, c, s in zip(lines["line"], lines["ops"], lines["copies"],
@@ -79,10 +87,10 @@ def test_a_function_from_an_earlier_cell_is_charged_to_the_calling_line(cell_she
     shell.run_cell("%%gpu -o t --no-show\nx = 1\nfill(b, 2)\nfill(b, 1)\n").raise_error()
     t = shell.user_ns["t"]
     assert _by_line(t) == {2: (2, 2048), 3: (1, 1024)}
-    site = {(loc.line, loc.site_line, loc.site_function) for loc in t.locations}
+    site = {(loc.line, loc.site_line, loc.site_function) for loc in work_locations(t)}
     assert site == {(2, 3, "fill"), (3, 3, "fill")}
-    assert all(loc.nested and loc.site_file != loc.file for loc in t.locations)
-    assert "via fill" in str(t.locations[0])
+    assert all(loc.nested and loc.site_file != loc.file for loc in work_locations(t))
+    assert "via fill" in str(work_locations(t)[0])
 
 
 def test_no_lines_leaves_spans_without_a_location(cell_shell) -> None:
@@ -135,12 +143,12 @@ def test_library_code_is_skipped_and_treat_as_library_moves_the_charge_up(tmp_pa
     with gw.trace(lines=True) as t:
         t.lines.set_focus("<other cell>")  # not on the stack: the innermost user frame is the line
         exec(code, env)
-    assert [(loc.file, loc.line) for loc in t.locations] == [(str(helper), 2)]
+    assert [(loc.file, loc.line) for loc in work_locations(t)] == [(str(helper), 2)]
     lines_mod.treat_as_library("helpers_for_lines")
     with gw.trace(lines=True) as t2:
         t2.lines.set_focus("<other cell>")
         exec(code, env)
-    assert [(loc.file, loc.line) for loc in t2.locations] == [("<caller>", 2)]
+    assert [(loc.file, loc.line) for loc in work_locations(t2)] == [("<caller>", 2)]
     with pytest.raises(ValueError, match="neither a folder nor an imported module"):
         lines_mod.treat_as_library("no_such_module_here")
 
@@ -229,7 +237,7 @@ def test_a_trace_started_in_a_cell_charges_the_work_its_lines_call_to_them() -> 
     t = env["t"]
     t.wait_pending()
     assert t.lines.focus == {"<started here>"}
-    assert [(loc.file, loc.line, loc.site_file, loc.site_line) for loc in t.locations] == [
+    assert [(loc.file, loc.line, loc.site_file, loc.site_line) for loc in work_locations(t)] == [
         ("<started here>", 3, "<earlier>", 2),
         ("<started here>", 4, "<earlier>", 2),
     ]
@@ -259,7 +267,7 @@ def test_the_call_watch_logs_each_line_of_user_code_and_each_return_into_it_and_
     assert cell == [
         (1, "<watched>", 1), (2, "<watched>", 2), (2, "<helper cell>", 2), (2, "<watched>", 2), (3, "<watched>", 3)
     ]  # fmt: skip
-    assert watch.calls == len(sites.log) and all(w.file in ("<watched>", __file__) for w in where)
+    assert all(w.file in ("<watched>", __file__) for w in where)
     assert lines.locations[mine].file == __file__  # after the cell returned: this test's line that ran it
     assert sys.monitoring.get_tool(tool) is None and not lines.watched  # the tool id is given back
     n = len(sites.log)
