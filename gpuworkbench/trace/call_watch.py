@@ -70,7 +70,9 @@ class CallWatch:
         mon.register_callback(self.tool, events.PY_RETURN, return_cb)
         mon.register_callback(self.tool, events.PY_YIELD, return_cb)
         lines = self.lines
-        lines.current[_ident()] = lines.at(frame)
+        here = lines.current[_ident()] = lines.at(frame)
+        if here >= 0:  # where the trace starts: the place of work made before the next line
+            self.sites.log.append((_ident() & 0xFFFFFFFF, _now(), here))
         while frame is not None:
             if not lines.is_library(frame.f_code):
                 self._instrument(frame.f_code)

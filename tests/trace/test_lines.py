@@ -16,7 +16,7 @@ import pytest
 import gpuworkbench as gw
 from gpuworkbench.trace import lines as lines_mod
 from gpuworkbench.trace.call_watch import CallWatch
-from gpuworkbench.trace.cupti.sites import KEEP, CallSites
+from gpuworkbench.trace.cupti.sites import KEEP, SLACK_NS, CallSites
 from gpuworkbench.trace.lines import Location, SourceLines
 
 CELL = """\
@@ -198,7 +198,7 @@ def test_call_sites_log_what_cuptis_callback_reports_and_join_each_call_to_its_t
     got = sites.locate(
         np.array([thread, thread, thread, thread + 1]),
         np.array([t0 - 5, t1 - 5, t0 - 20, 0]),
-        np.array([t0 + 5, t1 + 5, t0 - 10, t1 + 5]),  # the third ended before any entry
+        np.array([t0 + 5, t1 + 5, t0 - 2 * SLACK_NS, t1 + 5]),  # the third ended well before any entry
     )
     home = lines.home & 0xFFFFFFFF
     assert got.tolist()[:3] == [l0, l1, -1]
@@ -219,13 +219,17 @@ def test_call_sites_join_calls_of_several_threads_and_keep_each_threads_last_ent
     lines = SourceLines()
     lines.home = 6
     sites = CallSites(lines)
-    sites.log += [(5, 100, 0), (5, 200, 1), (6, 300, 2)]  # (thread, time, location)
-    got = sites.locate(np.array([5, 5, 6, 6, 7, 5]), np.zeros(6, np.int64), np.array([110, 250, 310, 299, 320, 90]))
+    us = 1000
+    sites.log += [(5, 1000 * us, 0), (5, 2000 * us, 1), (6, 3000 * us, 2)]  # (thread, time, location)
+    ends = np.array([1100, 2500, 3100, 2900, 3200, 900]) * us  # thread 6's second and thread 5's last: 100 µs early
+    got = sites.locate(np.array([5, 5, 6, 6, 7, 5]), np.zeros(6, np.int64), ends)
     assert got.tolist() == [0, 1, 2, -1, 2, -1]  # thread 7 has no entry: the home thread's (6) at its time
     for _ in range(KEEP + 1):  # old entries go, each thread's last stays: that is where the thread still is
-        sites.locate(np.array([5]), np.zeros(1, np.int64), np.array([1000]))
-    assert sites.locate(np.array([5, 6]), np.zeros(2, np.int64), np.array([5000, 5000])).tolist() == [1, 2]
-    assert sites._time.tolist() == [200, 300]
+        sites.locate(np.array([5]), np.zeros(1, np.int64), np.array([5000 * us]))
+    assert sites.locate(np.array([5, 6]), np.zeros(2, np.int64), np.array([5000, 5000]) * us).tolist() == [1, 2]
+    assert sites._time.tolist() == [2000 * us, 3000 * us]
+    late = sites.locate(np.array([5, 5]), np.zeros(2, np.int64), np.array([2000 * us - SLACK_NS, 1900 * us]))
+    assert late.tolist() == [1, -1]  # none before: the first entry within the slack after the call's end, not later
 
 
 def test_a_trace_started_in_a_cell_charges_the_work_its_lines_call_to_them() -> None:

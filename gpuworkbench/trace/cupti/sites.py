@@ -30,6 +30,9 @@ _site_of = ctypes.c_int.from_address
 _ident = threading.get_ident
 _now = time.time_ns  # the window clock (CUPTI's own on Linux; ``clock.WindowClock`` where not)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+#: How far after a call's end an entry may lie and still be its own, where none lies before it: the window clock is
+#: mapped onto CUPTI's (``clock.WindowClock``), which after torch.profiler counts CPU ticks, with an error of µs.
+SLACK_NS = 50_000
 #: Harvests a log entry is kept after it was logged (each thread's last entry is kept whatever its age: it is where
 #: that thread still is).
 KEEP = 40
@@ -104,9 +107,12 @@ class CallSites:
         return out
 
     def _last_before(self, thread: int, end: np.ndarray) -> np.ndarray:
-        """The location of ``thread``'s last entry at or before each time in ``end`` (-1: none)."""
+        """The location of ``thread``'s last entry at or before each time in ``end``, else of its first entry within
+        ``SLACK_NS`` after it (-1: none)."""
         lo, hi = np.searchsorted(self._thread, [thread, thread + 1])
         if lo == hi:
             return np.full(end.size, -1, np.int64)
-        at = np.searchsorted(self._time[lo:hi], end, side="right") - 1
-        return np.where(at >= 0, self._loc[lo:hi][np.maximum(at, 0)], -1)
+        times, locs = self._time[lo:hi], self._loc[lo:hi]
+        at = np.searchsorted(times, end, side="right") - 1
+        late = (at < 0) & (times[0] <= end + SLACK_NS)
+        return np.where(at >= 0, locs[np.maximum(at, 0)], np.where(late, locs[0], -1))
