@@ -47,6 +47,7 @@ from .streams import Event, Stream, StreamAssignment, StreamPool, StreamSet
 from .trace import cupti
 from .trace.compare import compare
 from .trace.kineto import load_trace
+from .trace.lines import treat_as_library
 from .trace.recorder import Trace, provide_crossovers
 from .trace.recorder import new_trace as _new_trace
 
@@ -175,6 +176,7 @@ __all__ = [
     "range",
     "shared",
     "trace",
+    "treat_as_library",
     "u32",
     "width",
 ]

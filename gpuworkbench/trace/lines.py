@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from ..errors import InvalidArgument
+
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the gpuworkbench package
 
 
@@ -53,7 +55,7 @@ def treat_as_library(*names: str) -> list[str]:
             module = sys.modules.get(name)
             file = getattr(module, "__file__", None)
             if file is None:
-                raise ValueError(f"treat_as_library: {name!r} is neither a folder nor an imported module")
+                raise InvalidArgument(f"treat_as_library: {name!r} is neither a folder nor an imported module")
             path = os.path.dirname(file) if os.path.basename(file) == "__init__.py" else file
         path = os.path.abspath(path)
         LIBRARIES.append(path + os.sep if os.path.isdir(path) else path)
