@@ -3,6 +3,7 @@ trace to the user lines on its Python stacks, read from the recorded CNN step (t
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -15,8 +16,8 @@ from gpuworkbench.trace import lines
 from gpuworkbench.trace.kineto_stacks import call_text, is_user_frame
 from gpuworkbench.trace.spans import KIND_CODE
 
-TRACES = Path(__file__).resolve().parents[2] / "notebooks" / "traces"
-STACKED = TRACES / "cnn-step-with-stack.json"
+#: One training step of a small CNN recorded by torch.profiler(with_stack=True) on an H200 (notebook 09 loads it).
+STACKED = Path(__file__).resolve().parents[2] / "notebooks" / "recorded" / "cnn-step-with-stack.json.gz"
 CELL = "<ipython-input-7-abcdef>"
 DEVICE_KINDS = [KIND_CODE[k] for k in ("kernel", "h2d", "d2h", "d2d", "memset")]
 
@@ -24,7 +25,7 @@ DEVICE_KINDS = [KIND_CODE[k] for k in ("kernel", "h2d", "d2h", "d2d", "memset")]
 @pytest.fixture(scope="module")
 def recorded():
     """The recorded file's events and the trace loaded from it."""
-    with open(STACKED) as f:
+    with gzip.open(STACKED, "rt") as f:
         events = json.load(f)["traceEvents"]
     return events, gw.load_trace(STACKED)
 
@@ -96,8 +97,12 @@ def test_statistics_lines_have_one_row_per_call_of_the_cell_and_count_every_devi
     assert lines["device_time_ns"].tolist() == sorted(lines["device_time_ns"].tolist(), reverse=True)
 
 
-def test_a_trace_without_stacks_has_no_locations():
-    trace = gw.load_trace(TRACES / "train-steps.json")
+def test_a_trace_without_stacks_has_no_locations(recorded, tmp_path):
+    events, _ = recorded
+    plain = tmp_path / "no-stacks.json"
+    plain.write_text(json.dumps(_doc([e for e in events if e.get("cat") != "python_function"])))
+    trace = gw.load_trace(plain)
+    assert int((trace.table()["kind"] == KIND_CODE["kernel"]).sum()) == 19  # the same work, without its stacks
     assert trace.locations == [] and trace.lines is None
     assert (trace.table()["loc"] == -1).all() and len(trace.statistics().lines["ops"]) == 0
 
