@@ -125,7 +125,7 @@ class SourceLines:
         #: code object hashes its bytecode and constants (µs for a large function), on the path of every op.
         self._library: dict[int, tuple[bool, Any]] = {}
         self._version = _VERSION[0]
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered where a finalizer runs user code inside it (a watch then logs)
         #: The thread that started the trace: work on a thread without user frames (PyTorch's autograd engine) is
         #: charged to the line this thread is on.
         self.home = threading.get_ident()

@@ -68,7 +68,7 @@ def child(first: str, body: str = "") -> dict:
         first, body = "", first
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     code = PRELUDE + first + textwrap.dedent(body)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
