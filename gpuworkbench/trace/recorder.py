@@ -116,7 +116,7 @@ class Trace(CuptiTracing, Harvesting):
         self._held = {}  # device number -> bytes the workbench held at its last memory sample
         #: Where ops come from (``lines=True``): each op's location code, found as it is enqueued.
         self.lines: SourceLines | None = SourceLines() if lines else None
-        self._sites: CallSites | None = None  # other libraries' call sites, while CUPTI's callbacks report them
+        self._sites: CallSites | None = None  # other libraries' call sites (Python's monitoring or CUPTI's callbacks)
 
     @property
     def version(self) -> int:
