@@ -136,81 +136,10 @@ class CrossoverResult:
 
     def figure(self) -> Any:
         """A Bokeh layout: per op, seconds against size on log-log axes for NumPy, the device and the device with
-        copies, each crossover marked by a vertical line and a marker where the device's time crosses."""
-        from bokeh.layouts import gridplot
-        from bokeh.models import ColumnDataSource, HoverTool, Span
-        from bokeh.plotting import figure
+        copies, each crossover marked by a vertical line and a star (``crossover_figure``)."""
+        from .crossover_figure import crossover_figure
 
-        colors = {"numpy_s": "#4d4d4d", "device_s": "#1f77b4", "device_with_copies_s": "#ff7f0e"}
-        labels = {"numpy_s": "NumPy (host)", "device_s": "device", "device_with_copies_s": "device + copies"}
-        figures = []
-        crossover = self.crossover
-        for op in self.ops:
-            rows = self._rows_of(op)
-            unit = "n (n × n matrices)" if self.units[op] == "n" else "elements"
-            fig = figure(
-                title=f"{op} on {self.device}",
-                x_axis_type="log",
-                y_axis_type="log",
-                x_axis_label=unit,
-                y_axis_label="seconds (median)",
-                width=420,
-                height=300,
-                tools="pan,wheel_zoom,box_zoom,reset,save",
-                name=f"crossover-{op}",
-            )
-            if rows:
-                data = {c: [r[c] for r in rows] for c in ("size", *colors)}
-                source = ColumnDataSource(data, name=f"times-{op}")
-                for col, color in colors.items():
-                    dash = "dashed" if col == "numpy_s" else "solid"
-                    fig.line("size", col, source=source, color=color, line_dash=dash, legend_label=labels[col])
-                    fig.scatter("size", col, source=source, color=color, size=5, legend_label=labels[col])
-                fig.add_tools(
-                    HoverTool(
-                        tooltips=[
-                            ("size", "@size"),
-                            ("NumPy", "@numpy_s{0.000e}"),
-                            ("device", "@device_s{0.000e}"),
-                            ("with copies", "@device_with_copies_s{0.000e}"),
-                        ]
-                    )
-                )
-                marks: dict[str, list[Any]] = {"size": [], "seconds": [], "which": []}
-                for which, size, col in (
-                    ("device", crossover[op].device, "device_s"),
-                    ("with copies", crossover[op].with_copies, "device_with_copies_s"),
-                ):
-                    if size is None:
-                        continue
-                    row = next(r for r in rows if r["size"] == size)
-                    marks["size"].append(size)
-                    marks["seconds"].append(row[col])
-                    marks["which"].append(which)
-                    fig.add_layout(
-                        Span(
-                            location=size,
-                            dimension="height",
-                            line_color=colors[col],
-                            line_width=2,
-                            line_dash="dotted",
-                            name=f"crossover-{op}-{which}",
-                        )
-                    )
-                fig.scatter(
-                    "size",
-                    "seconds",
-                    source=ColumnDataSource(marks, name=f"crossovers-{op}"),
-                    size=14,
-                    marker="star",
-                    color="#d62728",
-                    legend_label="crossover",
-                )
-                fig.legend.location = "top_left"
-                fig.legend.click_policy = "hide"
-                fig.legend.label_text_font_size = "8pt"
-            figures.append(fig)
-        return gridplot(figures, ncols=min(3, max(len(figures), 1)))
+        return crossover_figure(self)
 
     def _summary_lines(self) -> list[str]:
         lines = []

@@ -14,8 +14,10 @@ from bokeh.models import (
     AdaptiveTicker,
     ColumnDataSource,
     CustomJSTickFormatter,
+    FixedTicker,
     HoverTool,
     PanTool,
+    Range1d,
     ResetTool,
     SaveTool,
     WheelZoomTool,
@@ -27,6 +29,12 @@ from .palette import DEVICE_COLORS
 
 #: Binary units of the memory axis, each 1024 times the one before.
 BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+#: The memory axis's label: short enough to fit beside the plot's height (240 px by default).
+Y_LABEL = "bytes (1 KiB = 1024 B)"
+
+#: What an empty memory plot says, at the height of its only tick, 0 B.
+EMPTY_NOTE = "nothing allocated or freed while tracing: 0 B held throughout"
 
 
 def byte_tick_labels(ticks: Any) -> list[str]:
@@ -80,13 +88,17 @@ def memory_figure(
     wheel = WheelZoomTool(dimensions="width")
     pan = PanTool(dimensions="width")
     hover = HoverTool(tooltips=[("", "$name"), ("time", "@t_ms{0,0.000} ms"), ("bytes", "@bytes{0,0} B")])
+    empty = not t_ns.size
     options: dict[str, Any] = {"x_range": x_range} if x_range is not None else {}
+    if empty:  # no bytes to show: an axis from 0 that says nothing was held, not one from -1 B to 1 B
+        options.setdefault("x_range", Range1d(0, 1))
+        options["y_range"] = Range1d(0, 1)
     fig = figure(
-        title=title if t_ns.size else f"{title}: no memory samples (nothing allocated or freed while tracing)",
+        title=title if not empty else f"{title}: no memory samples (nothing allocated or freed while tracing)",
         width=width,
         height=height,
         x_axis_label="time since trace start (ms)",
-        y_axis_label="memory (B, KiB, MiB, GiB: powers of 1024)",
+        y_axis_label=Y_LABEL,
         tools=[pan, wheel, ResetTool(), SaveTool(), hover],
         active_drag=pan,
         active_scroll=wheel,
@@ -95,7 +107,9 @@ def memory_figure(
     )
     fig.toolbar.logo = None
     # Ticks at multiples of a power of two, labelled in the unit and decimals that keep them apart.
-    fig.yaxis.ticker = AdaptiveTicker(base=2, mantissas=[1], min_interval=1, num_minor_ticks=0)
+    fig.yaxis.ticker = (
+        FixedTicker(ticks=[0]) if empty else AdaptiveTicker(base=2, mantissas=[1], min_interval=1, num_minor_ticks=0)
+    )
     fig.yaxis.formatter = CustomJSTickFormatter(code=timeline_js.BYTE_TICKS)
     devices = np.asarray(memory_table["device"])
     held = np.asarray(memory_table["held_bytes"], dtype=np.float64)
@@ -134,7 +148,15 @@ def memory_figure(
         fig.legend.location = "top_left"
         fig.legend.label_text_font_size = "8pt"
     else:  # nothing allocated: say so in the plot too (an empty figure makes Bokeh warn about missing renderers)
-        fig.text(x=[0], y=[0], text=["no allocations or frees were traced"], text_font_size="10pt", name="empty")
+        fig.text(
+            x=[0],
+            y=[0.5],
+            text=[EMPTY_NOTE],
+            text_font_size="10pt",
+            text_baseline="middle",
+            x_offset=8,
+            name="empty",
+        )
     return fig
 
 
