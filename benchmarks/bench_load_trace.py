@@ -1,10 +1,18 @@
-"""Time ``gw.load_trace`` + ``summary()`` on a PyTorch-profiler-layout trace of 70 000 events (the target: <= 3 s on
-a 2-core machine), for both the plain and the gzip-compressed file, and our own export of the loaded trace.
+"""Time ``gw.load_trace`` of a PyTorch-profiler-layout (Kineto) trace of 1.5 M events (the targets, on a 2-core
+machine: >= 100 MB/s of JSON, plain and gzip-compressed; peak RSS <= 2x the file; ``summary()`` and ``statistics()``
+<= 1 s each; a 1 M-event trace from file to a built ``trace.timeline()`` in <= 3 s), and the reload of our own export.
+
+Each load runs in a fresh child process, which reports the load's time and MB/s (of the JSON, uncompressed), its
+peak RSS (VmHWM after the load, the imports included; where the loader forks a helper process, that one's peak too:
+pages it shares with the loading process count in both), then the times of ``summary()``, ``statistics()`` and
+``timeline()`` (Bokeh's import timed apart).
 
 The file is written the way Kineto writes one: per training op a ``cpu_op`` range holding a ``cuda_runtime`` launch,
 the kernel or copy it enqueued on one of four streams (``args.device`` / ``stream`` / ``correlation``, grid and block),
-and the ``ac2g`` flow pair between them; python_function events too, which the loader skips.
-Run from the repository root: ``python benchmarks/bench_load_trace.py [events] [--keep DIR] [--json out.json]``.
+and the ``ac2g`` flow pair between them; python_function events too.
+Run from the repository root:
+``python benchmarks/bench_load_trace.py [events] [--timeline-events N] [--repeat N] [--keep DIR] [--json out.json]``
+(``--keep``: write the files there, and reuse those an earlier run wrote for the same sizes).
 """
 
 from __future__ import annotations
@@ -13,14 +21,15 @@ import argparse
 import gzip
 import json
 import os
+import resource
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-import gpuworkbench as gw  # noqa: E402
 
 PID = 31337
 COPIES = ("Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pinned)", "Memcpy HtoD (Pageable -> Device)")
@@ -90,57 +99,152 @@ def kineto_events(n_events: int) -> dict:
     }
 
 
-def timed(path: str) -> tuple[float, float, object]:
-    """Seconds to load ``path`` and to summarise the loaded trace, and the trace."""
+def write_files(folder: str, n_events: int, packed: bool) -> tuple[str, str | None]:
+    """The plain file of ``n_events`` (and its gzip-compressed copy where ``packed``), reused where present."""
+    plain = os.path.join(folder, f"kineto-{n_events}.json")
+    gz = plain + ".gz" if packed else None
+    if not os.path.exists(plain):
+        with open(plain + ".part", "w") as f:
+            json.dump(kineto_events(n_events), f)
+        os.replace(plain + ".part", plain)
+    if gz and not os.path.exists(gz):
+        with open(plain, "rb") as src, gzip.open(gz + ".part", "wb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+        os.replace(gz + ".part", gz)
+    return plain, gz
+
+
+# ---------------------------------------------------------------------------------------------- the child
+
+
+def child(path: str, views: bool) -> None:
+    """Load ``path`` (in this fresh process) and print the figures as one JSON line."""
+    import gpuworkbench as gw
+
+    out: dict = {"rss_before_mb": _peak_mb()}
     t0 = time.perf_counter()
     trace = gw.load_trace(path)
-    t1 = time.perf_counter()
-    trace.summary()
-    return t1 - t0, time.perf_counter() - t1, trace
+    out["load_s"] = time.perf_counter() - t0
+    out["peak_rss_mb"] = _peak_mb()
+    out["helper_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
+    out["spans"] = len(trace)
+    if views:
+        t0 = time.perf_counter()
+        trace.summary()
+        out["summary_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        trace.statistics()
+        out["statistics_s"] = time.perf_counter() - t0
+        try:
+            t0 = time.perf_counter()
+            import gpuworkbench.viz  # noqa: F401  (Bokeh's import, timed apart)
+
+            out["viz_import_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            trace.timeline()
+            out["timeline_s"] = time.perf_counter() - t0
+        except ImportError:
+            pass
+    print(json.dumps(out))
+
+
+def _peak_mb() -> float:
+    """This process's peak RSS in MB: VmHWM (ru_maxrss keeps the peak of the process that forked it before exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(path: str, views: bool, repeat: int) -> dict:
+    """The figures of the fastest of ``repeat`` loads, each in a fresh process (the largest peak RSS of them)."""
+    runs = []
+    for _ in range(repeat):
+        done = subprocess.run(
+            [sys.executable, __file__, "--child", path] + (["--views"] if views else []),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode:
+            raise SystemExit(f"the load of {path} failed:\n{done.stderr}")
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    best = min(runs, key=lambda r: r["load_s"])
+    best["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    best["helper_peak_rss_mb"] = max(r["helper_peak_rss_mb"] for r in runs)
+    return best
+
+
+# ---------------------------------------------------------------------------------------------- main
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("events", nargs="?", type=int, default=70_000)
-    parser.add_argument("--keep", help="write the files to this folder (default: a temporary one)")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("events", nargs="?", type=int, default=1_500_000)
+    parser.add_argument("--timeline-events", type=int, default=1_000_000, help="events of the file-to-timeline file")
+    parser.add_argument("--keep", help="write the files to this folder, reusing those there (default: a temporary one)")
+    parser.add_argument("--repeat", type=int, default=3, help="loads of each file (each in a fresh process)")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--views", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    if opts.child:
+        return child(opts.child, opts.views)
     folder = opts.keep or tempfile.mkdtemp(prefix="gpuwb-bench-")
     os.makedirs(folder, exist_ok=True)
-    doc = kineto_events(opts.events)
-    plain, packed = os.path.join(folder, "kineto.json"), os.path.join(folder, "kineto.json.gz")
-    with open(plain, "w") as f:
-        json.dump(doc, f)
-    with gzip.open(packed, "wt") as f:
-        json.dump(doc, f)
-    sizes = f"{os.path.getsize(plain) / 1e6:.1f} MB ({os.path.getsize(packed) / 1e6:.1f} MB gzip-compressed)"
-    print(f"{len(doc['traceEvents'])} events, {sizes}")
-    print(f"CPU cores: {os.cpu_count()}")
+    t0 = time.perf_counter()
+    plain, packed = write_files(folder, opts.events, packed=True)
+    json_mb, gz_mb = os.path.getsize(plain) / 1e6, os.path.getsize(packed) / 1e6
+    print(f"{opts.events} events: {json_mb:.1f} MB of JSON, {gz_mb:.1f} MB gzip-compressed (written or found in "
+          f"{time.perf_counter() - t0:.0f} s); CPU cores: {os.cpu_count()}")  # fmt: skip
     results: dict = {
         "date": time.strftime("%Y-%m-%d"),
         "cpu_cores": os.cpu_count(),
-        "events": len(doc["traceEvents"]),
-        "json_mb": os.path.getsize(plain) / 1e6,
-        "json_gz_mb": os.path.getsize(packed) / 1e6,
+        "events": opts.events,
+        "json_mb": json_mb,
+        "json_gz_mb": gz_mb,
         "repeat": opts.repeat,
     }
-    for label, path in (("json", plain), ("json.gz", packed)):
-        best = min((timed(path) for _ in range(opts.repeat)), key=lambda r: r[0] + r[1])
-        load_s, summary_s, trace = best
+    own = os.path.join(folder, f"own-{opts.events}.json.gz")
+    if not os.path.exists(own):
+        import gpuworkbench as gw
+
+        gw.load_trace(plain).to_chrome_trace(own)
+    for label, path in (("json", plain), ("json.gz", packed), ("own export", own)):
+        r = measure(path, views=label == "json", repeat=opts.repeat)
+        results[label] = r
+        helper = f", helper process {r['helper_peak_rss_mb']:.0f} MB" if r["helper_peak_rss_mb"] > 1 else ""
+        if label == "own export":  # its own JSON: no MB/s against the Kineto file's size
+            rss = f"peak RSS {r['peak_rss_mb']:.0f} MB{helper}"
+            print(f"{label:10} load {r['load_s']:.2f} s; {rss}; {r['spans']} spans (best of {opts.repeat})")
+            continue
+        r["mb_per_s"], r["peak_rss_x_file"] = json_mb / r["load_s"], r["peak_rss_mb"] / json_mb
         print(
-            f"{label:8} load {load_s:.3f} s + summary {summary_s:.3f} s = {load_s + summary_s:.3f} s "
-            f"(best of {opts.repeat}; {len(trace)} spans)"
+            f"{label:10} load {r['load_s']:.2f} s = {r['mb_per_s']:.0f} MB/s of JSON; peak RSS {r['peak_rss_mb']:.0f} "
+            f"MB = {r['peak_rss_x_file']:.2f}x the JSON (before the load {r['rss_before_mb']:.0f} MB{helper}); "
+            f"{r['spans']} spans (best of {opts.repeat})"
         )
-        results[label] = {"load_s": load_s, "summary_s": summary_s, "spans": len(trace)}
-    own = os.path.join(folder, "own.json.gz")
-    trace.to_chrome_trace(own)
-    load_s, summary_s, again = min((timed(own) for _ in range(opts.repeat)), key=lambda r: r[0] + r[1])
-    print(f"own export of it: load {load_s:.3f} s + summary {summary_s:.3f} s ({len(again)} spans)")
-    results["own_export"] = {"load_s": load_s, "summary_s": summary_s, "spans": len(again)}
+        if "summary_s" in r:
+            views = f"{'':10} summary() {r['summary_s']:.2f} s, statistics() {r['statistics_s']:.2f} s"
+            if "timeline_s" in r:
+                views += f", timeline() {r['timeline_s']:.2f} s (Bokeh's import {r['viz_import_s']:.2f} s apart)"
+            print(views)
+    n = min(opts.timeline_events, opts.events)
+    path = plain if n == opts.events else write_files(folder, n, packed=False)[0]
+    r = measure(path, views=True, repeat=opts.repeat)
+    r["events"], r["json_mb"] = n, os.path.getsize(path) / 1e6
+    r["file_to_timeline_s"] = r["load_s"] + r.get("timeline_s", float("nan"))
+    results["file_to_timeline"] = r
+    print(
+        f"file to timeline, {n} events ({r['json_mb']:.0f} MB): load {r['load_s']:.2f} s + timeline() "
+        f"{r.get('timeline_s', float('nan')):.2f} s = {r['file_to_timeline_s']:.2f} s ({r['spans']} spans)"
+    )
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(results, f, indent=1)
+    if not opts.keep:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,6 @@ from .ranges import range
 from .streams import Event, Stream, StreamAssignment, StreamPool, StreamSet
 from .trace import cupti
 from .trace.compare import compare
-from .trace.kineto import load_trace
 from .trace.lines import treat_as_library
 from .trace.recorder import Trace, provide_crossovers
 from .trace.recorder import new_trace as _new_trace
@@ -81,10 +80,13 @@ def live(trace: Trace | None = None, device: Device | str | None = None, client:
 
 
 def __getattr__(name: str) -> Any:
-    """``gw.dask``, ``gw.library`` and ``gw.crossover`` on first use: ``import gpuworkbench`` imports neither Dask nor
-    the library, whose kernels are translated as it loads (~0.1 s)."""
+    """``gw.dask``, ``gw.library``, ``gw.crossover`` and ``gw.load_trace`` on first use: ``import gpuworkbench``
+    imports neither Dask nor the library, whose kernels are translated as it loads (~0.1 s), nor the trace reader
+    and its decoder (~30 ms)."""
     import importlib
 
+    if name == "load_trace":
+        return importlib.import_module(".trace.kineto", __name__).load_trace
     if name in ("dask", "library"):
         return importlib.import_module(f".{name}", __name__)
     if name in ("crossover", "CrossoverResult"):

@@ -22,7 +22,6 @@ from .._format import in_notebook
 from ..device import Device
 from ..errors import GpuError
 from ..trace import cupti
-from ..trace.kineto import load_trace
 from ..trace.recorder import Trace, new_trace
 from . import benches, cell_hooks
 from .devices import device_table, memory_lines
@@ -218,6 +217,8 @@ class GpuMagics(Magics):
             return
         path = os.path.abspath(os.path.expanduser(paths[0]))
         try:
+            from ..trace.kineto import load_trace  # the reader and its decoder on first use (~30 ms)
+
             trace = load_trace(path)
         except GpuError as exc:
             error("%gpu load", exc)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import astuple
 from typing import Any
 
 import numpy as np
@@ -139,6 +140,7 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
     enqueue_col = table["enqueue_ns"].astype(np.int64)
     stream_col, device_col = table["stream"].astype(np.int64), table["device"].astype(np.int64)
     corr = table["corr"].astype(np.int64)
+    loc = table["loc"].astype(np.int64) if "loc" in table else np.full(n, -1, np.int64)
     is_host = np.isin(kind_codes, [KIND_CODE[k] for k in HOST_KINDS])
     on_device = (kind_codes == KIND_CODE["range"]) & (stream_col >= 0)  # a range on a device stream
     host = is_host & ~on_device
@@ -199,6 +201,8 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
                 args["correlation"] = int(corr[i])
             if enqueue >= 0:
                 args["enqueued (us)"] = _us(enqueue - origin)
+            if loc[i] >= 0:
+                args["source location"] = int(loc[i])
             pid, tid = (dev, sid + STREAM_OFFSET) if on_device[i] else (HOST_PID, _host_tid(sid))
             category = "gpu_user_annotation" if on_device[i] else _HOST_CATEGORY[kind]
             span = {
@@ -237,6 +241,8 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
                     args[dim] = list(xyz)
         if enqueue >= 0:
             args["enqueued (us)"] = _us(enqueue - origin)
+        if loc[i] >= 0:
+            args["source location"] = int(loc[i])
         events.append(
             {
                 "ph": "X",
@@ -286,6 +292,9 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
             "stream_labels": [[d, s, label] for (d, s), label in sorted(labels.items())],
             "dropped": trace.stats.dropped,
             "lost": trace.stats.lost,
+            # what each event's args["source location"] indexes (gw.trace(lines=True), %%gpu): the fields of
+            # trace.lines.Location, and the line's text, which a reader elsewhere cannot look up
+            "locations": [[*astuple(where)[:-1], where.source] for where in trace.locations],
         },
         "traceEvents": events,
     }

@@ -16,9 +16,10 @@ A trace recorded with ``with_stack=True`` has ``python_function`` events: each r
 enqueued, is charged to the user line on its Python stack (``loc``, ``trace.locations``; rules in
 ``kineto_stacks.py``), so that ``statistics().lines`` works on it.
 
-Events are sorted into groups in one pass over the parsed JSON and every field after that is a NumPy column
-(``kineto_events.py``); the trace's table is filled with one ``extend_columns`` (``Trace.finished``), so that a
-70 000-event trace loads in well under a second.
+The file is decoded piece by piece into typed events and each group's fields into NumPy columns (``kineto_read.py``,
+``kineto_decode.py``: no dict per event, no whole document held); every step after that works on columns
+(``kineto_events.py``), and the trace's table is filled with one ``extend_columns`` (``Trace.finished``).
+Device work with a negative ``dur`` is refused, naming the event.
 """
 
 from __future__ import annotations
@@ -32,25 +33,21 @@ import numpy as np
 from ..errors import InvalidArgument
 from .columns import DeviceClock
 from .export import HOST_PID, STREAM_OFFSET
+from .kineto_decode import MISSING, EventGroups, Group
 from .kineto_events import (
-    EventGroups,
     collector_paused,
     concat_blocks,
     device_kinds,
-    dim3_column,
-    event_args,
-    event_names,
-    event_times,
-    group_events,
     int_column,
     int_or,
     link_column,
     ns_column,
-    read_document,
     row_label,
     span_block,
+    time_columns,
 )
-from .kineto_stacks import stack_locations
+from .kineto_read import read_events
+from .kineto_stacks import Frames, stack_locations
 from .lines import Location
 from .recorder import Trace
 from .spans import KIND_CODE, thread_stream
@@ -65,22 +62,27 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     """A finished Trace read from a Chrome-trace / Kineto JSON file (``.json`` or gzip-compressed, whatever its
     name): a PyTorch profiler trace, or our own export, which comes back exactly as it was.
 
-    Raises ``InvalidArgument`` naming the file and what is wrong with it (missing, not JSON, a truncated gzip, no
-    ``traceEvents`` list, an event without ``ts``)."""
+    Raises ``InvalidArgument`` naming the file and what is wrong with it (missing, not JSON, not gzip, a truncated
+    gzip, no ``traceEvents`` list, an event without ``ts``, device work with a negative ``dur``)."""
     where = os.fspath(path)
     if not where:
         raise InvalidArgument("cannot load trace: the path is empty")
     with collector_paused():
-        doc = read_document(where)
-        events = doc.get("traceEvents") if isinstance(doc, dict) else doc
-        if not isinstance(events, list):
-            raise InvalidArgument(
-                f"cannot load trace {where}: it has no traceEvents list (not a Chrome / Kineto trace)"
-            )
-        meta = doc if isinstance(doc, dict) else {}
+        meta, groups = read_events(where)
         own = meta.get("gpuworkbench")
         reader = _OwnExport(where, meta, own) if isinstance(own, dict) else _Kineto(where, meta)
-        return reader.read(events)
+        return reader.read(groups)
+
+
+def _given(values: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """An int arg where the event has it, else ``fallback``."""
+    return np.where(values == MISSING, fallback, values)
+
+
+def _pairs(device: np.ndarray, stream: np.ndarray) -> list[tuple[int, int]]:
+    """The distinct (device, stream) pairs, in order."""
+    keys = np.unique((device.astype(np.int64) << 32) | (stream.astype(np.int64) & 0xFFFFFFFF))
+    return sorted(zip((keys >> 32).tolist(), (keys & 0xFFFFFFFF).astype(np.uint32).astype(np.int32).tolist()))
 
 
 # ---------------------------------------------------------------------------------------------------- readers
@@ -96,8 +98,7 @@ class _Kineto:
         base = meta.get("baseTimeNanoseconds")
         self.base_ns = base if isinstance(base, int) else 0  # added to every time the file holds
 
-    def read(self, events: list) -> Trace:
-        groups = group_events(events, self.where)
+    def read(self, groups: EventGroups) -> Trace:
         device = self._device(groups)
         device_range = self._device_range(groups)
         first = int(device["device"].min()) if device["device"].size else self._first_property_device()
@@ -115,8 +116,13 @@ class _Kineto:
     def _locate(self, groups: EventGroups, device: dict[str, Any], api: dict[str, Any]) -> list[Location]:
         """Each runtime call's user line, from the Python stacks of ``with_stack=True`` (``kineto_stacks.py``); the
         device work it enqueued gets the same. No python_function events: no locations, ``loc`` stays -1."""
+        python = groups.python
+        if not len(python) or not len(api["kind"]):
+            return []
+        start, end = time_columns(python.ts, python.dur, self.where)
+        frames = Frames(start, end, python.name, groups.names, groups.threads_of(python))
         starts = api["start_ns"] - self.base_ns
-        loc, locations = stack_locations(groups.python, api["stream"], self._threads, starts, self.where)
+        loc, locations = stack_locations(frames, api["stream"], self._thread_codes, starts)
         if locations:
             api["loc"] = loc
             device["loc"] = link_column(api["corr"], loc, device["corr"], -1)
@@ -125,107 +131,112 @@ class _Kineto:
     # -- memory ----------------------------------------------------------------------------------------------
     def _memory(self, groups: EventGroups) -> dict[str, np.ndarray]:
         """PyTorch's GPU ``[memory]`` events as memory rows: its allocator's total allocated, in time order."""
-        events = [
-            e for e in groups.memory if type(a := e.get("args")) is dict and a.get("Device Type") == _CUDA_DEVICE_TYPE
-        ]
-        args = event_args(events)
-        t = ns_column([e["ts"] for e in events], self.where, "ts") + self.base_ns
+        g = groups.memory.take(groups.memory.arg("device_type") == _CUDA_DEVICE_TYPE)
+        t = ns_column(g.ts, self.where, "ts") + self.base_ns
         order = np.argsort(t, kind="stable")
-        n = len(events)
+        n = len(g)
         return {
-            "device": int_column([a.get("Device Id", 0) for a in args], 0)[order].astype(np.int16),
+            "device": g.arg("device_id")[order].astype(np.int16),
             "t_ns": t[order],
             "held_bytes": np.zeros(n, np.int64),
             "used_bytes": np.full(n, -1, np.int64),
-            "other_bytes": np.maximum(int_column([a.get("Total Allocated", 0) for a in args], 0), 0)[order],
+            "other_bytes": np.maximum(g.arg("total_allocated"), 0)[order],
         }
 
     # -- device work -----------------------------------------------------------------------------------------
+    def _device_times(self, g: Group, groups: EventGroups) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end of device work; a negative ``dur`` (work that ends before it starts) is refused."""
+        negative = np.flatnonzero(g.dur < 0)
+        if negative.size:
+            i = int(negative[0])
+            what = f"{groups.cats[g.cat[i]]} {groups.names[g.name[i]]!r:.80}"
+            raise InvalidArgument(
+                f"cannot load trace {self.where}: traceEvents[{g.index[i]}] ({what}) has a negative dur "
+                f"({g.dur[i]:g} µs): device work cannot end before it starts"
+            )
+        return time_columns(g.ts, g.dur, self.where)
+
     def _device(self, groups: EventGroups) -> dict[str, np.ndarray]:
-        events = groups.device
-        names, args = event_names(events), event_args(events)
-        start, end = event_times(events, self.where)
-        kinds, pinned = device_kinds(events, names, args)
-        pid = [e.get("pid") for e in events]
-        device = int_column([a.get("device", p) for a, p in zip(args, pid)], 0)
-        stream = int_column([a.get("stream", e.get("tid")) for a, e in zip(args, events)], 0)
-        corr = self._correlations(events, args, groups.flow_end, start)
+        g = groups.device
+        start, end = self._device_times(g, groups)
+        kinds, pinned = device_kinds(groups.cats, groups.names, g.cat, g.name, None)
+        device = _given(g.arg("device"), groups.ints_of(g.pid, 0))
+        stream = _given(g.arg("stream"), groups.ints_of(g.tid, 0))
+        corr = self._correlations(g, groups.flow_end, start, groups)
         # each device row once, with the (pid, tid) its thread_name metadata is filed under
-        rows, first = np.unique(np.stack([device, stream]), axis=1, return_index=True) if events else ((), [])
+        rows, first = np.unique((device << 32) ^ (stream & 0xFFFFFFFF), return_index=True)
+        threads = groups.threads_of(g)[first]
         self._row_threads = {
-            (int(d), int(s)): (events[i].get("pid"), events[i].get("tid"))
-            for (d, s), i in zip(np.transpose(rows), first)
+            (int(d), int(s)): groups.thread_key(int(t))
+            for d, s, t in zip(device[first].tolist(), stream[first].tolist(), threads.tolist())
         }
         return span_block(
-            len(events),
+            len(g),
             kind=kinds,
             device=device,
             stream=stream,
             start_ns=start + self.base_ns,
             end_ns=end + self.base_ns,
-            bytes=np.maximum(int_column([a.get("bytes", 0) for a in args], 0), 0),
-            name=names,
+            bytes=np.maximum(g.arg("bytes"), 0),
+            name=groups.names_of(g),
             pinned=pinned,
             corr=corr,
-            grid=dim3_column([a.get("grid") for a in args]),
-            block=dim3_column([a.get("block") for a in args]),
+            grid=g.arg("grid"),
+            block=g.arg("block"),
         )
 
     def _device_range(self, groups: EventGroups) -> dict[str, np.ndarray]:
         """GPU-side annotations (``gpu_user_annotation``): ``range`` spans on their device stream's row."""
-        events = groups.device_range
-        args = event_args(events)
-        start, end = event_times(events, self.where)
+        g = groups.device_range
+        start, end = time_columns(g.ts, g.dur, self.where)
         return span_block(
-            len(events),
+            len(g),
             kind=_RANGE,
-            device=int_column([a.get("device", e.get("pid")) for a, e in zip(args, events)], 0),
+            device=_given(g.arg("device"), groups.ints_of(g.pid, 0)),
             start_ns=start + self.base_ns,
             end_ns=end + self.base_ns,
-            **self._range_columns(events, args, start),
+            **self._range_columns(g, groups, start),
         )
 
-    def _range_columns(self, events: list[dict], args: list[dict], start: np.ndarray) -> dict[str, Any]:
+    def _range_columns(self, g: Group, groups: EventGroups, start: np.ndarray) -> dict[str, Any]:
         """A GPU annotation's stream (``args.stream``, else its tid), enqueue time (its start) and name."""
         return {
-            "stream": int_column([a.get("stream", e.get("tid")) for a, e in zip(args, events)], 0),
+            "stream": _given(g.arg("stream"), groups.ints_of(g.tid, 0)),
             "enqueue_ns": start + self.base_ns,
-            "name": event_names(events),
+            "name": groups.names_of(g),
         }
 
-    def _correlations(self, events: list[dict], args: list[dict], flows: list[dict], start: np.ndarray) -> np.ndarray:
+    def _correlations(self, g: Group, flows: Group, start: np.ndarray, groups: EventGroups) -> np.ndarray:
         """``args.correlation``; where it is missing, the id of the ``ac2g`` flow bound to the event's start."""
-        corr = int_column([a.get("correlation", -1) for a in args], -1)
+        corr = g.arg("correlation").copy()
         missing = np.flatnonzero(corr < 0)
-        if missing.size and flows:
-            at = dict(zip(self._flow_keys(flows), int_column([f.get("id", -1) for f in flows], -1).tolist()))
-            for i, t in zip(missing.tolist(), start[missing].tolist()):
-                corr[i] = at.get((events[i].get("pid"), events[i].get("tid"), t), -1)
+        if missing.size and len(flows):
+            ts = ns_column(flows.ts, self.where, "ts").tolist()
+            keys = zip(flows.pid.tolist(), flows.tid.tolist(), ts)
+            at = dict(zip(keys, int_column(flows.id, -1).tolist()))
+            pid, tid = g.pid[missing].tolist(), g.tid[missing].tolist()
+            for i, p, t, s in zip(missing.tolist(), pid, tid, start[missing].tolist()):
+                corr[i] = at.get((p, t, s), -1)
         return corr
 
-    def _flow_keys(self, flows: list[dict]) -> list[tuple[Any, Any, int]]:
-        ts = ns_column([f["ts"] for f in flows], self.where, "ts").tolist()
-        return [(f.get("pid"), f.get("tid"), t) for f, t in zip(flows, ts)]
-
     # -- host work -------------------------------------------------------------------------------------------
-    def _host(self, events: list[dict], kind: str, first: int, groups: EventGroups) -> dict[str, np.ndarray]:
-        args = event_args(events)
-        start, end = event_times(events, self.where)
-        corr = np.full(len(events), -1, np.int64)
+    def _host(self, g: Group, kind: str, first: int, groups: EventGroups) -> dict[str, np.ndarray]:
+        start, end = time_columns(g.ts, g.dur, self.where)
+        corr = np.full(len(g), -1, np.int64)
         if kind == "api":
-            corr = self._correlations(events, args, groups.flow_start, start)
+            corr = self._correlations(g, groups.flow_start, start, groups)
         block = span_block(
-            len(events),
+            len(g),
             kind=KIND_CODE[kind],
             device=first,
             stream=0,
             start_ns=start + self.base_ns,
             end_ns=end + self.base_ns,
             enqueue_ns=start + self.base_ns,
-            name=event_names(events),
+            name=groups.names_of(g),
             corr=corr,
         )
-        block["_thread"] = [(e.get("pid"), e.get("tid")) for e in events]  # replaced by a stream in _host_rows
+        block["_thread"] = groups.threads_of(g)  # replaced by a stream in _host_rows
         return block
 
     def _link_calls(self, device: dict[str, np.ndarray], api: dict[str, np.ndarray], first: int) -> None:
@@ -235,17 +246,22 @@ class _Kineto:
 
     def _host_rows(self, api: dict[str, Any], ranges: dict[str, Any], groups: EventGroups) -> None:
         """One host row per (pid, tid), numbered in order of each thread's first event."""
-        keys = api.pop("_thread") + ranges.pop("_thread")
-        index: dict[tuple[Any, Any], int] = {}
-        codes = np.array([index.setdefault(k, len(index)) for k in keys], np.int64)
-        first_seen = np.full(len(index), np.iinfo(np.int64).max)
+        keys = np.concatenate([api.pop("_thread"), ranges.pop("_thread")])
+        threads, seen, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        appearance = np.argsort(seen, kind="stable")  # thread codes in order of first appearance, as before
+        index = np.empty(threads.size, np.int64)
+        index[appearance] = np.arange(threads.size)
+        codes = index[inverse.reshape(-1)]
+        first_seen = np.full(threads.size, np.iinfo(np.int64).max)
         np.minimum.at(first_seen, codes, np.concatenate([api["start_ns"], ranges["start_ns"]]))
-        rank = np.empty(len(index), np.int64)
-        rank[np.lexsort((np.arange(len(index)), first_seen))] = np.arange(len(index))
+        rank = np.empty(threads.size, np.int64)
+        rank[np.lexsort((np.arange(threads.size), first_seen))] = np.arange(threads.size)
         streams = thread_stream(rank[codes]) if codes.size else codes
         api["stream"] = streams[: len(api["kind"])].astype(np.int32)
         ranges["stream"] = streams[len(api["kind"]) :].astype(np.int32)
-        self._threads = {int(thread_stream(int(rank[code]))): key for key, code in index.items()}
+        ordered = threads[appearance].tolist()
+        self._thread_codes = {int(thread_stream(int(rank[code]))): t for code, t in enumerate(ordered)}
+        self._threads = {stream: groups.thread_key(t) for stream, t in self._thread_codes.items()}
 
     def _labels(self, table: dict[str, np.ndarray], groups: EventGroups) -> dict[tuple[int, int], str]:
         """Device rows: their ``thread_name`` ("stream 7") or "stream N"; host rows: their thread's name."""
@@ -253,10 +269,7 @@ class _Kineto:
         labels = {row: row_label(names.get(thread)) or f"stream {row[1]}" for row, thread in self._row_threads.items()}
         pids = {key[0] for key in self._threads.values()}
         host = table["stream"] <= -2
-        pairs = np.unique(
-            np.stack([table["device"][host].astype(np.int64), table["stream"][host].astype(np.int64)]), axis=1
-        )
-        for dev, stream in pairs.T.tolist():
+        for dev, stream in _pairs(table["device"][host], table["stream"][host]):
             pid, tid = self._threads[stream]
             default = f"host thread {tid}" if len(pids) == 1 else f"host pid {pid} thread {tid}"
             labels[(dev, stream)] = row_label(names.get((pid, tid))) or default
@@ -315,9 +328,10 @@ class _OwnExport(_Kineto):
         self.synthetic = int_or(own.get("synthetic_correlation_from"), 1)
         self.own = own
 
-    def read(self, events: list) -> Trace:
-        groups = group_events(events, self.where)
-        blocks = [self._device(groups), self._device_range(groups), self._host(groups)]
+    def read(self, groups: EventGroups) -> Trace:
+        self.locations = self._locations()
+        blocks = [self._device(groups), self._device_range(groups)]
+        blocks += [self._host(g, groups) for g in (groups.api, groups.range)]
         table = concat_blocks(blocks)
         memory = self._own_memory(groups)
         return Trace.finished(
@@ -327,81 +341,107 @@ class _OwnExport(_Kineto):
             memory,
             dropped=int_or(self.own.get("dropped"), 0),
             lost=int_or(self.own.get("lost"), 0),
+            locations=self.locations,
         )
 
-    def _time(self, values: list, what: str) -> np.ndarray:
+    def _locations(self) -> list[Location]:
+        """The source lines the export's spans index (``args["source location"]``): each a Location's fields with
+        the line's text last, which here cannot be looked up."""
+        listed = self.own.get("locations", [])
+        if not isinstance(listed, list) or not all(
+            type(x) is list and len(x) == 7 and type(x[1]) is int and type(x[4]) is int for x in listed
+        ):
+            raise InvalidArgument(
+                f"cannot load trace {self.where}: its gpuworkbench block's locations are not "
+                "[file, line, function, site file, site line, site function, text] lists"
+            )
+        return [
+            Location(str(f), line, str(fn), str(sf), sl, str(sfn), str(text))
+            for f, line, fn, sf, sl, sfn, text in listed
+        ]
+
+    def _loc(self, g: Group) -> np.ndarray:
+        """Each span's index into the export's locations (-1: none, or one out of their range)."""
+        loc = g.arg("source_location")
+        return np.where((loc >= 0) & (loc < len(self.locations)), loc, -1)
+
+    def _time(self, values: Any, what: str) -> np.ndarray:
         return ns_column(values, self.where, what) + self.base_ns
 
     def _own_memory(self, groups: EventGroups) -> dict[str, np.ndarray]:
         """Every ``[memory]`` event the export wrote, in its order, with our own columns."""
-        events = groups.memory
-        args = event_args(events)
+        g = groups.memory
         return {
-            "device": int_column([a.get("Device Id", 0) for a in args], 0).astype(np.int16),
-            "t_ns": self._time([e["ts"] for e in events], "ts"),
-            "held_bytes": int_column([a.get("held_bytes", 0) for a in args], 0),
-            "used_bytes": int_column([a.get("used_bytes", -1) for a in args], -1),
-            "other_bytes": int_column([a.get("Total Allocated", 0) for a in args], 0),
+            "device": g.arg("device_id").astype(np.int16),
+            "t_ns": self._time(g.ts, "ts"),
+            "held_bytes": g.arg("held_bytes"),
+            "used_bytes": g.arg("used_bytes"),
+            "other_bytes": g.arg("total_allocated"),
         }
 
-    def _enqueue(self, args: list[dict]) -> np.ndarray:
-        values = [a.get("enqueued (us)") for a in args]
+    def _enqueue(self, values: list[Any]) -> np.ndarray:
         known = np.array([v is not None for v in values], bool)
         out = np.full(len(values), -1, np.int64)
         if known.any():
             out[known] = self._time([v for v in values if v is not None], "enqueued (us)")
         return out
 
+    @staticmethod
+    def _names(g: Group, groups: EventGroups) -> list[Any]:
+        """``args.op`` (the span's own name) where the event has it, else the event's name."""
+        names = groups.names_of(g)
+        return [n if op is None else str(op) for op, n in zip(g.arg("op"), names.tolist())]
+
     def _device(self, groups: EventGroups) -> dict[str, np.ndarray]:
-        events = groups.device
-        names, args = event_names(events), event_args(events)
-        start, end = event_times(events, self.where)
-        kinds, pinned = device_kinds(events, names, args)
-        corr = int_column([a.get("correlation", -1) for a in args], -1)
+        g = groups.device
+        start, end = self._device_times(g, groups)
+        kinds, pinned = device_kinds(groups.cats, groups.names, g.cat, g.name, g.arg("pinned"))
+        corr = g.arg("correlation")
         return span_block(
-            len(events),
+            len(g),
             kind=kinds,
-            device=int_column([a.get("device", e.get("pid")) for a, e in zip(args, events)], 0),
-            stream=int_column([a.get("stream", e.get("tid")) for a, e in zip(args, events)], 0) - self.offset,
+            device=_given(g.arg("device"), groups.ints_of(g.pid, 0)),
+            stream=_given(g.arg("stream"), groups.ints_of(g.tid, 0)) - self.offset,
             start_ns=start + self.base_ns,
             end_ns=end + self.base_ns,
-            enqueue_ns=self._enqueue(args),
-            bytes=int_column([a.get("bytes", 0) for a in args], 0),
-            name=[str(a.get("op", n)) for a, n in zip(args, names)],
+            enqueue_ns=self._enqueue(g.arg("enqueued")),
+            bytes=g.arg("bytes"),
+            name=self._names(g, groups),
             pinned=pinned,
             corr=np.where(corr < self.synthetic, corr, -1),
-            grid=dim3_column([a.get("grid") for a in args]),
-            block=dim3_column([a.get("block") for a in args]),
+            grid=g.arg("grid"),
+            block=g.arg("block"),
+            loc=self._loc(g),
         )
 
-    def _range_columns(self, events: list[dict], args: list[dict], start: np.ndarray) -> dict[str, Any]:
+    def _range_columns(self, g: Group, groups: EventGroups, start: np.ndarray) -> dict[str, Any]:
         """As exported: the row is the tid less the stream offset; enqueue time, op name and correlation in args."""
         return {
-            "stream": int_column([e.get("tid") for e in events], 0) - self.offset,
-            "enqueue_ns": self._enqueue(args),
-            "name": [str(a.get("op", n)) for a, n in zip(args, event_names(events))],
-            "corr": int_column([a.get("correlation", -1) for a in args], -1),
+            "stream": groups.ints_of(g.tid, 0) - self.offset,
+            "enqueue_ns": self._enqueue(g.arg("enqueued")),
+            "name": self._names(g, groups),
+            "corr": g.arg("correlation"),
+            "loc": self._loc(g),
         }
 
-    def _host(self, groups: EventGroups) -> dict[str, np.ndarray]:
+    def _host(self, g: Group, groups: EventGroups) -> dict[str, np.ndarray]:  # type: ignore[override]
         """Host rows: tid t is stream -t; ``args.kind`` says which kind (enqueue markers are not spans)."""
-        events = [
-            e for e in groups.api + groups.range if type(a := e.get("args")) is dict and a.get("kind") != "enqueue"
-        ]
-        args = event_args(events)
-        start, end = event_times(events, self.where)
-        kinds = [KIND_CODE.get(a.get("kind"), KIND_CODE["api"]) for a in args]
+        kinds = g.arg("kind")
+        g = g.take(g.present & np.array([k != "enqueue" for k in kinds], bool))
+        start, end = time_columns(g.ts, g.dur, self.where)
+        codes = [KIND_CODE.get(k, KIND_CODE["api"]) if isinstance(k, str) else KIND_CODE["api"] for k in g.arg("kind")]
         return span_block(
-            len(events),
-            kind=np.array(kinds, np.int8),
-            device=int_column([a.get("device", 0) for a in args], 0),
-            stream=-int_column([e.get("tid") for e in events], 1),
+            len(g),
+            kind=np.array(codes, np.int8),
+            device=_given(g.arg("device"), np.zeros(len(g), np.int64)),
+            stream=-groups.ints_of(g.tid, 1),
             start_ns=start + self.base_ns,
             end_ns=end + self.base_ns,
-            enqueue_ns=self._enqueue(args),
-            bytes=int_column([a.get("bytes", 0) for a in args], 0),
-            name=[str(a.get("op", n)) for a, n in zip(args, event_names(events))],
-            corr=int_column([a.get("correlation", -1) for a in args], -1),
+            enqueue_ns=self._enqueue(g.arg("enqueued")),
+            bytes=g.arg("bytes"),
+            name=self._names(g, groups),
+            corr=g.arg("correlation"),
+            loc=self._loc(g),
         )
 
     def _labels(self, table: dict[str, np.ndarray], groups: EventGroups) -> dict[tuple[int, int], str]:

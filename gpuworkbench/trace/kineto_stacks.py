@@ -35,13 +35,12 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from . import lines
-from .kineto_events import event_names, event_times
 from .lines import Location
 
 #: A frame's event name: "file(line): function".
@@ -60,24 +59,35 @@ KNOWN_LIBRARIES = frozenset(
 )
 
 
+class Frames(NamedTuple):
+    """A trace's python_function events as columns: start and end (ns, as in the file), ``name`` (codes into
+    ``names``) and ``thread`` (a code per (pid, tid): ``pid << 32 | tid`` of codes of their values)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    name: np.ndarray
+    names: Sequence[str]
+    thread: np.ndarray
+
+
 def stack_locations(
-    python: list[dict], rows: np.ndarray, row_threads: Mapping[int, tuple[Any, Any]], starts: np.ndarray, where: str
+    python: Frames, rows: np.ndarray, row_threads: Mapping[int, int], starts: np.ndarray
 ) -> tuple[np.ndarray, list[Location]]:
     """The location code of each runtime call and the locations the codes index (-1 and none where the trace has no
     python_function events). A call is given by its host row (``rows``: any integer; ``row_threads`` holds each row's
-    (pid, tid)) and its start (``starts``, ns as the file has it)."""
+    thread, coded as ``python.thread``; its pid is ``thread >> 32``) and its start (``starts``, ns as the file has
+    it)."""
     n = len(rows)
     loc = np.full(n, -1, np.int32)
-    if not python or not n:
+    if not python.start.size or not n:
         return loc, []
     starts = np.asarray(starts, np.int64)
-    frames = _Frames(python, where, np.sort(starts))
+    frames = _Frames(python, np.sort(starts))
     keys = {key: i for i, key in enumerate(frames.thread_keys)}  # threads with python events first, then the rest
     used, inverse = np.unique(rows, return_inverse=True)
     row_code = np.array([keys.setdefault(row_threads[row], len(keys)) for row in used.tolist()], np.int64)
     call_thread = row_code[inverse.reshape(-1)]
-    pids: dict[Any, int] = {}
-    pid_of = np.array([pids.setdefault(key[0], len(pids)) for key in keys], np.int64)
+    pid_of = np.array(list(keys), np.int64) >> 32
     frame, child = frames.user_frames(call_thread, starts)
     for other in frames.by_size:  # rule 1: calls with no user frame on their thread, on their process's others
         todo = np.flatnonzero(frame < 0)
@@ -94,27 +104,26 @@ class _Frames:
     longest first, with each one's parent. The others are on no call's stack; an event's ancestors enclose what it
     encloses, so those kept nest as they did."""
 
-    def __init__(self, python: list[dict], where: str, calls: np.ndarray) -> None:
-        start, end = event_times(python, where)
+    def __init__(self, python: Frames, calls: np.ndarray) -> None:
+        start, end = python.start, python.end
         keep = np.searchsorted(calls, end, side="right") > np.searchsorted(calls, start, side="left")
-        if not keep.all():
-            kept = np.flatnonzero(keep)
-            python, start, end = [python[i] for i in kept.tolist()], start[kept], end[kept]
-        names: dict[str, int] = {}
-        count = len(python)
-        name_code = np.fromiter((names.setdefault(s, len(names)) for s in event_names(python)), np.int64, count)
-        keys: dict[tuple[Any, Any], int] = {}
-        thread = np.fromiter(
-            (keys.setdefault((e.get("pid"), e.get("tid")), len(keys)) for e in python), np.int64, count
-        )
+        kept = np.flatnonzero(keep)
+        start, end, thread_code = start[kept], end[kept], python.thread[kept]
+        used_names, name_code = np.unique(python.name[kept], return_inverse=True)
+        name_code = name_code.reshape(-1)
+        seen_threads, first, thread = np.unique(thread_code, return_index=True, return_inverse=True)
+        appearance = np.argsort(first, kind="stable")  # thread codes in order of first appearance
+        rank = np.empty(seen_threads.size, np.int64)
+        rank[appearance] = np.arange(seen_threads.size)
+        thread = rank[thread.reshape(-1)]
         order = np.lexsort((-end, start, thread))
         self.start, self.end, self.thread = start[order], end[order], thread[order]
         self.name_code = name_code[order]
-        self.names = list(names)
+        self.names = [python.names[c] for c in used_names.tolist()]
         verdicts: dict[str, bool] = {}
         self.user = np.array([is_user_frame(s, verdicts) for s in self.names], bool)[self.name_code]
-        self.thread_keys = list(keys)
-        bounds = np.searchsorted(self.thread, np.arange(len(keys) + 1))
+        self.thread_keys = seen_threads[appearance].tolist()
+        bounds = np.searchsorted(self.thread, np.arange(len(self.thread_keys) + 1))
         self.segments = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
         parents = [_parents(self.start[a:b], self.end[a:b]) for a, b in self.segments]
         shifted = [np.where(p >= 0, p + a, -1) for p, (a, _) in zip(parents, self.segments)]

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+import re
 
 import numpy as np
 import pytest
 
 import gpuworkbench as gw
 from gpuworkbench.notebook import history
+from gpuworkbench.trace import kineto_helper, kineto_read
 from gpuworkbench.trace.recorder import Trace
 from gpuworkbench.trace.spans import COLUMNS, KIND_CODE, pack_dim3, thread_stream
 
@@ -407,6 +410,174 @@ def test_gpu_memory_events_become_the_memory_tables_other_bytes(tmp_path):
     assert all(np.array_equal(memory[c], back.memory_table()[c]) for c in memory)  # our export keeps them
 
 
+# ---------------------------------------------------------------------------------------------- how files are read
+
+
+def same_trace(a: Trace, b: Trace) -> None:
+    """The same table row for row (in order), the same labels, clocks, memory and locations."""
+    first, second = a.table(), b.table()
+    for column in COLUMNS:
+        np.testing.assert_array_equal(first[column], second[column], err_msg=f"column {column!r}")
+    assert a.stream_labels == b.stream_labels
+    assert {d: (c.key, c.name) for d, c in a.devices.items()} == {d: (c.key, c.name) for d, c in b.devices.items()}
+    assert all(np.array_equal(a.memory_table()[c], b.memory_table()[c]) for c in a.memory_table())
+    assert a.locations == b.locations
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 256 bytes: a small file is cut into many pieces, as a large one is."""
+    monkeypatch.setattr(kineto_read, "BLOCK", 256)
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["json", "json.gz"])
+def test_a_file_cut_into_many_pieces_reads_as_one(tmp_path, monkeypatch, compress):
+    doc = kineto_doc()
+    path = write(doc, tmp_path / ("t.json.gz" if compress else "t.json"), compress)
+    whole = gw.load_trace(path)
+    monkeypatch.setattr(kineto_read, "BLOCK", 256)
+    pieces = gw.load_trace(path)
+    same_trace(whole, pieces)
+    kernels = rows(pieces, "kernel")
+    assert kernels["name"].tolist() == [w[4] for w in DEVICE_WORK if w[0] == "kernel"]
+    assert (kernels["enqueue_ns"] > 0).all()  # linked to their launches across pieces
+
+
+def test_a_helper_process_reads_pieces_to_the_same_trace(tmp_path, monkeypatch, small_blocks):
+    path = write(kineto_doc(), tmp_path / "t.json")
+    alone = gw.load_trace(path)
+    forks = []
+    real = kineto_helper.Helper.__init__
+
+    def counted(self):
+        real(self)
+        forks.append(self.pid)
+
+    monkeypatch.setattr(kineto_read, "can_help", lambda where: True)
+    monkeypatch.setattr(kineto_helper.Helper, "__init__", counted)
+    helped = gw.load_trace(path)
+    assert forks, "the load forked no helper"
+    same_trace(alone, helped)
+
+
+def test_a_lost_helper_costs_a_second_read_not_the_load(tmp_path, monkeypatch, small_blocks):
+    path = write(kineto_doc(), tmp_path / "t.json")
+    alone = gw.load_trace(path)
+
+    def lost(self):
+        raise kineto_helper.HelperLost("gone")
+
+    monkeypatch.setattr(kineto_read, "can_help", lambda where: True)
+    monkeypatch.setattr(kineto_helper.Helper, "receive", lost)
+    same_trace(alone, gw.load_trace(path))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # NaN is no JSON (Python writes it): the whole document is parsed by json
+        lambda doc: doc["traceEvents"].append({"ph": "X", "cat": "Trace", "name": "x", "ts": 1.0, "dur": math.nan}),
+        # a number as a string where an int belongs, a name that is a number
+        lambda doc: doc["traceEvents"].append({"ph": "X", "cat": "overhead", "name": 7, "ts": 1.0, "dur": 1.5}),
+        # "}, {" inside a string: a cut lands in it, and that piece does not decode
+        lambda doc: doc["traceEvents"].append({"ph": "X", "cat": "Trace", "name": "a}, {" * 80, "ts": 1.0}),
+        # a phase no Chrome trace has
+        lambda doc: doc["traceEvents"].append({"ph": "@", "name": "odd", "ts": 1.0}),
+    ],
+    ids=["nan", "name-a-number", "cut-in-a-string", "unknown-phase"],
+)
+def test_files_the_fast_path_cannot_read_load_the_same_by_the_slower_one(tmp_path, small_blocks, change):
+    clean = gw.load_trace(write(kineto_doc(), tmp_path / "clean.json"))
+    doc = kineto_doc()
+    change(doc)
+    same_trace(clean, gw.load_trace(write(doc, tmp_path / "odd.json")))
+
+
+def test_string_ints_read_as_before(tmp_path):
+    """A numeric string reads as its number (a stream "13"); roctracer's pointer strings are no stream (0)."""
+    doc = kineto_doc()
+    device = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    device[0]["args"]["stream"] = str(device[0]["args"]["stream"])
+    device[1]["args"]["stream"] = "0x7f3a2c000b00"
+    kernels = rows(gw.load_trace(write(doc, tmp_path / "t.json")), "kernel")
+    assert kernels["stream"].tolist() == [7, 0, 7]
+
+
+def test_a_bare_array_of_events_and_keys_after_them_load(tmp_path, small_blocks):
+    doc = kineto_doc()
+    bare = gw.load_trace(write(doc["traceEvents"], tmp_path / "bare.json"))
+    assert len(rows(bare, "kernel")["kind"]) == 3
+    moved = {k: v for k, v in doc.items() if k != "traceEvents"}
+    after = gw.load_trace(write({"traceEvents": doc["traceEvents"], **moved}, tmp_path / "after.json"))
+    same_trace(gw.load_trace(write(doc, tmp_path / "t.json")), after)
+    assert after.devices[0].name == "NVIDIA H100 80GB HBM3"  # deviceProperties, read after the events
+
+
+def test_our_export_with_its_block_after_the_events_reads_back_exactly(tmp_path, small_blocks):
+    """The block that says "our export" comes after the events: the file is read again as one."""
+    doc = gw.load_trace(write(kineto_doc(), tmp_path / "t.json")).to_chrome_trace()
+    in_place = gw.load_trace(write(doc, tmp_path / "export.json"))
+    own = doc.pop("gpuworkbench")
+    moved = gw.load_trace(write({**doc, "gpuworkbench": own}, tmp_path / "moved.json"))
+    same_trace(in_place, moved)
+    assert moved.stream_labels == {(d, s): label for d, s, label in own["stream_labels"]}
+
+
+def test_gzip_members_one_after_another_are_one_file(tmp_path):
+    text = json.dumps(kineto_doc()).encode()
+    path = tmp_path / "members.json.gz"
+    path.write_bytes(gzip.compress(text[:1000]) + gzip.compress(text[1000:]) + b"\0" * 8)
+    assert len(gw.load_trace(path)) == len(DEVICE_WORK) + 16
+    path.write_bytes(gzip.compress(text) + b"not gzip")
+    with pytest.raises(gw.InvalidArgument, match="corrupt gzip"):
+        gw.load_trace(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"this is plain text, not gzip", "not gzip (its first bytes, 74 68 69 73, are not gzip's magic 1f 8b)"),
+        (b'{"traceEvents": [{"ph": "X", "ts": 1.', "not gzip (its first bytes, 7b 22 74 72, are not"),
+        (b"\x28\xb5\x2f\xfd" + bytes(40), "zstd-compressed data, not gzip nor JSON"),
+        (b"PK\x03\x04" + bytes(40), "a zip archive, not gzip nor JSON"),
+    ],
+    ids=["text", "truncated-json", "zstd", "zip"],
+)
+def test_a_file_named_gz_that_is_not_gzip_is_named_for_what_it_is(tmp_path, content, message):
+    path = tmp_path / "trace.json.gz"
+    path.write_bytes(content)
+    with pytest.raises(gw.InvalidArgument) as caught:
+        gw.load_trace(path)
+    assert message in str(caught.value) and str(path) in str(caught.value)
+    assert "truncated gzip" not in str(caught.value)
+
+
+@pytest.mark.parametrize("category", ["kernel", "gpu_memcpy"])
+def test_device_work_with_a_negative_dur_is_refused_naming_it(tmp_path, small_blocks, category):
+    doc = kineto_doc()
+    at, event = next((i, e) for i, e in enumerate(doc["traceEvents"]) if e.get("cat") == category)
+    event["dur"] = -2.5
+    with pytest.raises(gw.InvalidArgument) as caught:
+        gw.load_trace(write(doc, tmp_path / "t.json"))
+    text = str(caught.value)
+    assert f"traceEvents[{at}] ({category} {event['name']!r})" in text and "negative dur (-2.5 µs)" in text
+
+
+def test_a_host_range_with_a_negative_dur_still_counts_as_empty(tmp_path):
+    doc = kineto_doc()
+    next(e for e in doc["traceEvents"] if e.get("cat") == "cpu_op")["dur"] = -1.0
+    ranges = rows(gw.load_trace(write(doc, tmp_path / "t.json")), "range")
+    assert (ranges["end_ns"] >= ranges["start_ns"]).all() and (ranges["end_ns"] == ranges["start_ns"]).sum() == 1
+
+
+def test_an_event_without_ts_is_named_by_its_place_in_the_file(tmp_path, small_blocks):
+    doc = kineto_doc()
+    at = max(i for i, e in enumerate(doc["traceEvents"]) if e.get("cat") == "kernel")
+    del doc["traceEvents"][at]["ts"]
+    with pytest.raises(gw.InvalidArgument, match=re.escape(f"traceEvents[{at}] ('void at::native::reduce_kernel")):
+        gw.load_trace(write(doc, tmp_path / "t.json"))
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 
@@ -429,6 +600,7 @@ def test_gpu_memory_events_become_the_memory_tables_other_bytes(tmp_path):
         (b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1e300, "dur": 1}]}', "out of range"),
         (b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1, "pid": [1], "tid": 1}]}', "neither a number"),
         (b'{"traceEvents": [], "gpuworkbench": {"stream_labels": [[0]]}}', "stream_labels"),
+        (b'{"traceEvents": [], "gpuworkbench": {"locations": [["a.py", "3"]]}}', "locations are not"),
     ],
     ids=[
         "not-json",
@@ -447,6 +619,7 @@ def test_gpu_memory_events_become_the_memory_tables_other_bytes(tmp_path):
         "ts-out-of-range",
         "pid-a-list",
         "bad-own-labels",
+        "bad-own-locations",
     ],
 )
 def test_malformed_files_raise_invalid_argument_naming_the_file(tmp_path, content, message):
@@ -508,3 +681,33 @@ def test_gpu_load_of_a_broken_file_prints_one_line(shell, capsys, tmp_path):
     assert "Traceback" not in captured.out + captured.err
     assert str(path) in captured.err and "truncated gzip" in captured.err
     assert len(captured.err.strip().splitlines()) == 1 and not history.history
+
+
+def test_a_helper_is_forked_only_without_other_threads_or_cuda(tmp_path, monkeypatch):
+    import os
+    import sys
+    import threading
+
+    from gpuworkbench.trace import kineto_helper
+
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(kineto_helper.MIN_BYTES + 1)  # sparse: its size is what counts
+    if sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("a helper needs Linux and two cores")
+    for name in kineto_helper.CUDA_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    if threading.active_count() > 1:
+        pytest.skip("another thread runs in this test process")
+    assert kineto_helper.can_help(str(big))
+    monkeypatch.setitem(sys.modules, "cupy", object())
+    assert not kineto_helper.can_help(str(big))  # a CUDA library is loaded: no fork
+    monkeypatch.delitem(sys.modules, "cupy")
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not kineto_helper.can_help(str(big))  # another thread runs: no fork
+    finally:
+        stop.set()
+        other.join()
