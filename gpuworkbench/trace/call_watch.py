@@ -114,13 +114,12 @@ class CallWatch:
         by_line = lines.by_line
         current = lines.current
         append = self.sites.log.append
-        focus = lines.focus
         in_focus, at, getframe, ident, now = lines.in_focus, lines.at, sys._getframe, _ident, _now  # noqa: SLF001
 
         def on_line(code: CodeType, line: int) -> None:
             loc = by_line.get((id(code), line))
             if loc is None:  # first time here, or a function the cell called: its caller's line
-                loc = in_focus(code, line) if code.co_filename in focus else at(getframe(1))
+                loc = in_focus(code, line) if code.co_filename in lines.focus else at(getframe(1))
             me = ident()
             current[me] = loc
             append((me & 0xFFFFFFFF, now(), loc))

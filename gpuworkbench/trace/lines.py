@@ -146,6 +146,7 @@ class SourceLines:
     def set_focus(self, *files: str) -> None:
         """Charge work to the lines of these files (a cell's compiled name) where the stack passes through them."""
         self.focus = frozenset(files)
+        self.by_line.clear()  # lines of the focus before: no longer their own place
 
     def focus_on_caller(self) -> None:
         """Focus on the file of the nearest user frame of the caller's stack (the cell that starts a trace)."""

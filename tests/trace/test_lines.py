@@ -287,3 +287,20 @@ def test_an_op_reads_the_threads_place_where_a_watch_keeps_it() -> None:
     assert lines.here(1) == spot
     lines.watched = False
     assert lines.locations[lines.here(1)].file == __file__  # no watch: the walk finds this test's frame
+
+
+@pytest.mark.skipif(not CallWatch.available(), reason="Python's monitoring (sys.monitoring) needs Python 3.12+")
+def test_the_call_watch_follows_a_focus_set_after_it_started() -> None:
+    lines = SourceLines(("<first focus>",))
+    sites = CallSites(lines)
+    watch = CallWatch(lines, sites)
+    code = _cell("<second focus>", "a = 1\nb = a + 1\n")
+    assert watch.start(sys._getframe(0))
+    try:
+        lines.set_focus("<second focus>")
+        exec(code, {})
+    finally:
+        watch.stop()
+    where = [lines.locations[loc] for _, _, loc in sites.log]
+    cell = [(w.line, w.site_line) for w in where if w.file == "<second focus>"]
+    assert cell == [(1, 1), (2, 2)]
