@@ -60,6 +60,19 @@ def cuda_devices(count: int) -> list[gw.Device]:
     return [gw.Device(i, backend="cuda") for i in range(count)]
 
 
+def cupy_with_cupti() -> Any:
+    """CuPy, where a CUDA device and CUPTI (cupti-python) are here too; the calling test is skipped, saying which is
+    missing, otherwise."""
+    cupy = pytest.importorskip("cupy")
+    ok, why = gw.backends.get("cuda").available()
+    if not ok:
+        pytest.skip(f"no CUDA device: {why}")
+    available, why = gw.cupti.CuptiSource.available()
+    if not available:
+        pytest.skip(why)
+    return cupy
+
+
 def traced_rounds(dev: gw.Device, rounds: int = 3, wait_each: bool = False, keep_y: bool = False) -> gw.Trace:
     """A trace of ``rounds`` rounds on ``dev``: a 16 KiB upload of x on one stream, ``y = 2*x + 1`` ("scale_add") on
     a second, y's read-back on the first (the kernel waited for on the host first when ``wait_each``). x is freed

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from support import cupy_with_cupti
 
 import gpuworkbench as gw
 from gpuworkbench.trace import cupti as cupti_source
@@ -27,14 +28,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def cp():
-    cupy = pytest.importorskip("cupy")
-    ok, why = gw.backends.get("cuda").available()
-    if not ok:
-        pytest.skip(f"no CUDA device: {why}")
-    available, why = gw.cupti.CuptiSource.available()
-    if not available:
-        pytest.skip(why)
-    return cupy
+    return cupy_with_cupti()
 
 
 def foreign(table: dict, kind: str) -> np.ndarray:

@@ -16,8 +16,7 @@ import sys
 import textwrap
 
 import pytest
-
-import gpuworkbench as gw
+from support import cupy_with_cupti
 
 pytestmark = pytest.mark.gpu
 
@@ -52,13 +51,7 @@ def report(t, **extra):
 
 @pytest.fixture(scope="module")
 def cuda() -> None:
-    pytest.importorskip("cupy")
-    ok, why = gw.backends.get("cuda").available()
-    if not ok:
-        pytest.skip(f"no CUDA device: {why}")
-    available, why = gw.cupti.CuptiSource.available()
-    if not available:
-        pytest.skip(why)
+    cupy_with_cupti()
 
 
 def child(first: str, body: str = "") -> dict:
