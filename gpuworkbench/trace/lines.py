@@ -28,11 +28,12 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the gpuwo
 
 
 def _default_libraries() -> list[str]:
+    """gpuworkbench, the standard library and every site-packages folder, as path prefixes."""
     paths = {_HERE + os.sep}
+    found = sysconfig.get_paths()  # worked out on each call: once, at import
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        with_sep = sysconfig.get_paths().get(key)
-        if with_sep:
-            paths.add(os.path.join(with_sep, ""))
+        if found.get(key):
+            paths.add(os.path.join(found[key], ""))
     for entry in sys.path:
         if entry.endswith(("site-packages", "dist-packages")):
             paths.add(os.path.join(entry, ""))
