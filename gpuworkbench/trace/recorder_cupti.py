@@ -219,6 +219,13 @@ class CuptiTracing:
                 self.warn_once(f"other libraries' work carries no source line: {why}")
                 return
         else:
+            if CALL_SITES.by != "off":  # "monitoring" before Python 3.12, or a name that is none of them
+                why = (
+                    "Python's monitoring needs Python 3.12+"
+                    if CALL_SITES.by == "monitoring"
+                    else f"CALL_SITES.by is {CALL_SITES.by!r}, not 'auto', 'monitoring', 'cupti' or 'off'"
+                )
+                self.warn_once(f"other libraries' work carries no source line: {why}")
             return
         self._sites = sites
         self._foreign.locate = _weak(self._locate_calls)

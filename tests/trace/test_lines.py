@@ -304,3 +304,22 @@ def test_the_call_watch_follows_a_focus_set_after_it_started() -> None:
     where = [lines.locations[loc] for _, _, loc in sites.log]
     cell = [(w.line, w.site_line) for w in where if w.file == "<second focus>"]
     assert cell == [(1, 1), (2, 2)]
+
+
+def test_a_way_to_find_call_sites_that_is_not_one_is_said(monkeypatch) -> None:
+    from gpuworkbench.trace import recorder_cupti
+
+    t = gw.Trace(lines=True)
+    t._foreign, t._cupti = object(), object()  # as where CUPTI records other libraries' work
+    monkeypatch.setattr(recorder_cupti.CALL_SITES, "by", "monitor")
+    t._report_sites()
+    assert t._sites is None
+    assert t.stats.warnings == [
+        "other libraries' work carries no source line: CALL_SITES.by is 'monitor', not 'auto', 'monitoring', "
+        "'cupti' or 'off'"
+    ]
+    monkeypatch.setattr(recorder_cupti.CALL_SITES, "by", "off")
+    quiet = gw.Trace(lines=True)
+    quiet._foreign, quiet._cupti = object(), object()
+    quiet._report_sites()
+    assert quiet._sites is None and quiet.stats.warnings == []
