@@ -107,6 +107,16 @@ def test_a_trace_without_stacks_has_no_locations(recorded, tmp_path):
     assert (trace.table()["loc"] == -1).all() and len(trace.statistics().lines["ops"]) == 0
 
 
+def _kernel_locations(tmp_path, events: list[dict]) -> tuple:
+    """The trace ``load_trace`` reads from a file of ``events``, and its kernels' location codes by correlation."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_doc(events)))
+    trace = gw.load_trace(path)
+    table = trace.table()
+    kernels = table["kind"] == KIND_CODE["kernel"]
+    return trace, dict(zip(table["corr"][kernels].tolist(), table["loc"][kernels].tolist()))
+
+
 def _doc(events: list[dict]) -> dict:
     return {"traceEvents": events, "deviceProperties": [{"id": 0, "name": "GPU"}]}
 
@@ -140,12 +150,7 @@ def test_nesting_is_read_from_intervals_and_a_call_after_a_finished_child_climbs
         *_launch(70, 3),  # in step itself, after prepare returned: no call to name
         *_launch(40, 4, tid=9, pid=2),  # another process, no python events there
     ]
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(_doc(events)))
-    trace = gw.load_trace(path)
-    table = trace.table()
-    kernels = table["kind"] == KIND_CODE["kernel"]
-    by_corr = dict(zip(table["corr"][kernels].tolist(), table["loc"][kernels].tolist()))
+    trace, by_corr = _kernel_locations(tmp_path, events)
     where = {c: (trace.locations[i].file, trace.locations[i].line, trace.locations[i].text) for c, i in by_corr.items()
              if i >= 0}  # fmt: skip
     assert where == {1: ("helper.py", 7, "relu"), 2: ("helper.py", 7, ""), 3: ("train.py", 3, "")}
@@ -160,22 +165,14 @@ def test_a_call_that_starts_as_its_sibling_ends_is_not_nested_in_it(tmp_path):
         *_launch(15, 1),
         *_launch(25, 2),
     ]
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(_doc(events)))
-    trace = gw.load_trace(path)
-    table = trace.table()
-    kernels = table["kind"] == KIND_CODE["kernel"]
-    texts = {
-        c: trace.locations[i].text for c, i in zip(table["corr"][kernels].tolist(), table["loc"][kernels].tolist())
-    }
+    trace, by_corr = _kernel_locations(tmp_path, events)
+    texts = {c: trace.locations[i].text for c, i in by_corr.items()}
     assert texts == {1: "relu", 2: "cross_entropy"}
 
 
 def test_python_events_around_no_runtime_call_give_no_locations(tmp_path):
     events = [_frame("train.py(3): step", 0, 10), _frame("train.py(9): log", 50, 10), *_launch(20, 1)]
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(_doc(events)))
-    trace = gw.load_trace(path)
+    trace, _ = _kernel_locations(tmp_path, events)
     assert trace.locations == [] and trace.lines is None and (trace.table()["loc"] == -1).all()
 
 
