@@ -20,6 +20,7 @@ import numpy as np
 import gpuworkbench as gw
 
 EMPTY = 'extern "C" __global__ void empty(float* x) {}'
+EMPTY_N = 'extern "C" __global__ void empty_n(float* x, int n) {}'
 COUNT, ROUNDS = 5000, 16
 
 
@@ -94,6 +95,27 @@ def main() -> None:
     rs, gs = raw_stream.synchronize, s.synchronize
     table("empty kernel launch", variants, {n: (rs if n[:3] in ("cup", "dri") else gs) for n in variants})
     profile("gw Kernel", variants["gw Kernel"], gs)
+
+    # a scalar that changes every launch: no launch repeats an earlier one's objects
+    raw_n = cp.RawKernel(EMPTY_N, "empty_n")
+    k_n = dev.compile(EMPTY_N, "empty_n")
+    bk_n = k_n._raw
+    counter = iter(range(1 << 62))
+    scalar = {
+        "cupy RawKernel, with stream, new int32 (baseline)": lambda: raw_n(
+            (1,), (32,), (arr, np.int32(next(counter) & 0xFFFF)), stream=raw_stream
+        ),
+        "gw backend.launch, new int32": lambda: backend.launch(
+            bk_n, (1,), (32,), (ptr, np.int32(next(counter) & 0xFFFF)), bs, False
+        ),
+        "gw Kernel, new int32": lambda: k_n(1, 32, (b, np.int32(next(counter) & 0xFFFF)), stream=s),
+    }
+    scalar["gw backend.launch, new int32"]()
+    slots = backend._packed.get((bk_n, (1,), (32,), np.uint64, np.int32))
+    if slots:
+        scalar["PackedLaunch.launch, new int32"] = lambda: slots.launch(bs.ptr, (ptr, np.int32(next(counter) & 0xFFFF)))
+    table("empty kernel launch, a new scalar each time", scalar, {n: (rs if n[:3] == "cup" else gs) for n in scalar})
+    profile("gw Kernel, new int32", scalar["gw Kernel, new int32"], gs)
 
     n = 1024
     cp_dev = cp.zeros(n, cp.float32)

@@ -2,7 +2,7 @@
 
 Timed ops are bracketed by two pooled CUDA events and measured against a per-device epoch event; this is the
 fallback timing source (CUPTI, used by the trace when present, is exact). Copies from pageable host memory are staged
-through pinned chunks filled by several threads, which is much faster than the driver's own pageable path.
+through pinned chunks filled by several threads (``staging.py``), much faster than the driver's own pageable path.
 The ROCm backend (``backends/rocm.py``) runs this code with CuPy's HIP build.
 
 While a persistent kernel runs (``persistent/``) nothing here may wait for the whole device, which would then wait
@@ -18,7 +18,6 @@ import ctypes
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ from ..base import (
 from .events import CudaCompletion, Epoch, EventPool, load_cupy
 from .launch import CONTEXT_ERROR, PackedLaunch, PreparedLaunch, packed, prepare
 from .peers import enable_peer
+from .staging import Stager
 
 CAPS = Caps(
     concurrent_streams=True,
@@ -55,9 +55,6 @@ CAPS = Caps(
 )
 _H2D, _D2H, _D2D = 1, 2, 3  # cudaMemcpyKind
 _STAGE_MIN = 1 << 20  # pageable copies smaller than this go straight to the driver
-_STAGE_CHUNK = 8 << 20
-_STAGE_SLOTS = 4
-_STAGE_THREADS = 4
 _ATTR_MEMORY_POOLS = 115  # cudaDevAttrMemoryPoolsSupported: cudaMallocAsync works
 _HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped (hipHostMallocMapped): the device reads and writes it directly
 IN_GRAPH = DoneCompletion()  # what an op enqueued during stream capture returns: it runs only when the graph does
@@ -85,9 +82,7 @@ class CudaDevice(BackendDevice):
         self._pools = (self._timed_events, self._plain_events)
         self._clock_stream = cupy.cuda.Stream(non_blocking=True)
         self._epoch: Epoch | None = None
-        self._stage_lock = threading.Lock()
-        self._stage_slots: list[tuple[np.ndarray, Any]] | None = None
-        self._stage_threads: ThreadPoolExecutor | None = None
+        self._stager = Stager(cupy.cuda.alloc_pinned_memory, self._plain_events.take)
         self._capturing: set[int] = set()  # pointers of streams in stream capture: no timing events recorded there
         self._persistent_lock = threading.Lock()
         self._persistent = 0  # persistent kernels running now: nothing may wait for the whole device meanwhile
@@ -291,7 +286,7 @@ class CudaDevice(BackendDevice):
         start = self._begin(stream, timed) if timed else None
         nbytes = src.nbytes
         if nbytes >= _STAGE_MIN and not self.is_pinned(src):
-            self._staged_h2d(dst + offset, src, stream)
+            self._stager.h2d(self._h2d_async, dst + offset, src, stream)
         elif nbytes:
             self._rt.memcpyAsync(dst + offset, host_address(src), nbytes, _H2D, stream.ptr)
         return self._finish(stream, start)
@@ -302,7 +297,7 @@ class CudaDevice(BackendDevice):
         start = self._begin(stream, timed) if timed else None
         nbytes = dst.nbytes
         if nbytes >= _STAGE_MIN and not self.is_pinned(dst):
-            self._staged_d2h(dst, src + offset, stream)
+            self._stager.d2h(self._d2h_async, dst, src + offset, stream)
         elif nbytes:
             self._rt.memcpyAsync(host_address(dst), src + offset, nbytes, _D2H, stream.ptr)
         return self._finish(stream, start)
@@ -350,63 +345,11 @@ class CudaDevice(BackendDevice):
             self._rt.memcpyPeerAsync(dst, self._id, src, src_device._id, nbytes, stream.ptr)
         return self._finish(stream, start)
 
-    # ------------------------------------------------------------------ pageable staging
-    def _stage(self) -> tuple[list[tuple[np.ndarray, Any]], ThreadPoolExecutor]:
-        if self._stage_slots is None:
-            slots = []
-            for _ in range(_STAGE_SLOTS):
-                mem = load_cupy().cuda.alloc_pinned_memory(_STAGE_CHUNK)
-                slots.append([np.frombuffer(mem, dtype=np.uint8, count=_STAGE_CHUNK), None])
-            self._stage_slots = slots
-            self._stage_threads = ThreadPoolExecutor(_STAGE_THREADS, thread_name_prefix="gpuworkbench-stage")
-        return self._stage_slots, self._stage_threads
+    def _h2d_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        self._rt.memcpyAsync(dst, src, nbytes, _H2D, stream.ptr)
 
-    def _parallel_copy(self, pool: ThreadPoolExecutor, dst: np.ndarray, src: np.ndarray) -> None:
-        """memcpy with several threads (NumPy releases the GIL), as one thread cannot fill PCIe from pageable memory."""
-        n = dst.nbytes
-        step = -(-n // _STAGE_THREADS)
-        parts = [(i, min(i + step, n)) for i in range(0, n, step)]
-        list(pool.map(lambda r: np.copyto(dst[r[0] : r[1]], src[r[0] : r[1]]), parts))
-
-    def _staged_h2d(self, dst_ptr: int, src: np.ndarray, stream: Any) -> None:
-        """Returns once every chunk is staged (as the driver's pageable copy does); the copies run on ``stream``."""
-        flat = src.reshape(-1).view(np.uint8)
-        with self._stage_lock:
-            slots, pool = self._stage()
-            for k, pos in enumerate(range(0, flat.nbytes, _STAGE_CHUNK)):
-                slot = slots[k % _STAGE_SLOTS]
-                if slot[1] is not None:
-                    slot[1].synchronize()  # this pinned chunk's previous upload must have left it
-                n = min(_STAGE_CHUNK, flat.nbytes - pos)
-                self._parallel_copy(pool, slot[0][:n], flat[pos : pos + n])
-                self._rt.memcpyAsync(dst_ptr + pos, slot[0].ctypes.data, n, _H2D, stream.ptr)
-                event = slot[1] or self._plain_events.take()
-                event.record(stream)
-                slot[1] = event
-
-    def _staged_d2h(self, dst: np.ndarray, src_ptr: int, stream: Any) -> None:
-        """Blocks until the data is in ``dst`` (pageable memory cannot be written by the device directly)."""
-        flat = dst.reshape(-1).view(np.uint8)
-        with self._stage_lock:
-            slots, pool = self._stage()
-            inflight: list[tuple[int, int, int]] = []  # (slot, pos, n)
-            for k, pos in enumerate(range(0, flat.nbytes, _STAGE_CHUNK)):
-                i = k % _STAGE_SLOTS
-                if len(inflight) == _STAGE_SLOTS:
-                    self._drain(slots, pool, flat, *inflight.pop(0))
-                slot = slots[i]
-                n = min(_STAGE_CHUNK, flat.nbytes - pos)
-                self._rt.memcpyAsync(slot[0].ctypes.data, src_ptr + pos, n, _D2H, stream.ptr)
-                event = slot[1] or self._plain_events.take()
-                event.record(stream)
-                slot[1] = event
-                inflight.append((i, pos, n))
-            for item in inflight:
-                self._drain(slots, pool, flat, *item)
-
-    def _drain(self, slots: list, pool: ThreadPoolExecutor, flat: np.ndarray, i: int, pos: int, n: int) -> None:
-        slots[i][1].synchronize()
-        self._parallel_copy(pool, flat[pos : pos + n], slots[i][0][:n])
+    def _d2h_async(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        self._rt.memcpyAsync(dst, src, nbytes, _D2H, stream.ptr)
 
     # ------------------------------------------------------------------ kernels
     def compile(self, source: Any, name: str, options: Sequence[str]) -> Any:
@@ -549,7 +492,6 @@ class CudaDevice(BackendDevice):
         return ClockSample(best.host_ns, best.host_ns, best.error_ns)
 
     def close(self) -> None:
-        if self._stage_threads is not None:
-            self._stage_threads.shutdown()
+        self._stager.close()
         if self._side_stream is not None:
             self._side_stream.synchronize()
