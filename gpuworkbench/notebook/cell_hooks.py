@@ -1,5 +1,6 @@
 """What runs around every cell once the extension is loaded: CUPTI readied before a cell that traces and let go
-before one that does not, and the traces a cell captured numbered with that cell after it."""
+before one that does not, made ready again while the kernel is idle between cells, and the traces a cell captured
+numbered with that cell after it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ TRACES_HERE = re.compile(r"%%gpu|%gpu live|\.live\(|(?<!\w)(?<!dask\.)trace\(")
 
 #: What the pre-run hook last did to CUPTI, and how long it took (ms); ``%gpu cupti`` reports it.
 last_done: tuple[str, float] | None = None
+#: What the kernel last did to CUPTI while idle between cells, and how long it took (ms).
+last_between: tuple[str, float] | None = None
+#: How long after a cell's end the kernel's event loop readies CUPTI for the next cell (s).
+IDLE_AFTER_S = 0.005
 
 
 def register(ipython: Any) -> None:
@@ -29,7 +34,35 @@ def register(ipython: Any) -> None:
         ipython.events.register("post_run_cell", number_cells)
     if ready_cupti_for_cell not in callbacks["pre_run_cell"]:
         ipython.events.register("pre_run_cell", ready_cupti_for_cell)
+    loop = getattr(getattr(ipython, "kernel", None), "io_loop", None)  # a Jupyter kernel's; a terminal has none
+    if loop is not None and not any(
+        isinstance(getattr(c, "__self__", None), IdleAfterCell) for c in callbacks["post_run_cell"]
+    ):
+        ipython.events.register("post_run_cell", IdleAfterCell(loop).schedule)
     cupti.set_notebook(True)
+
+
+class IdleAfterCell:
+    """Schedules ``between_cells`` on the kernel's event loop after each cell: it runs once the cell's reply is sent,
+    while the kernel waits for the next, so that the next pre-run hook finds CUPTI ready (no attach in a hook)."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+
+    def schedule(self, _result: Any = None) -> None:
+        self.loop.call_later(IDLE_AFTER_S, between_cells)
+
+
+def between_cells() -> None:
+    """CUPTI made ready for the next cell (``cupti.between_cells``), outside every cell; never raises."""
+    global last_between
+    t0 = time.perf_counter_ns()
+    try:
+        done = cupti.between_cells()
+    except Exception as exc:  # noqa: BLE001  nothing between cells may break the kernel; the next hook does its part
+        done = f"failed: {exc!r}"
+    if done:
+        last_between = (done, (time.perf_counter_ns() - t0) / 1e6)
 
 
 def ready_cupti_for_cell(info: Any) -> None:

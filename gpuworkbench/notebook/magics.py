@@ -254,6 +254,9 @@ class GpuMagics(Magics):
         if cell_hooks.last_done is not None:
             done, ms = cell_hooks.last_done
             print(f"last done before a cell: {done}, in {ms:.1f} ms, outside the cell's own time")
+        if cell_hooks.last_between is not None:
+            done, ms = cell_hooks.last_between
+            print(f"last done between cells, while the kernel was idle: {done}, in {ms:.1f} ms")
 
     # ------------------------------------------------------------------ %gpu bench
     def _bench(self, args: list[str]) -> None:

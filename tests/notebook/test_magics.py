@@ -239,3 +239,33 @@ def test_a_cell_that_does_not_trace_lets_cupti_go_first_and_one_that_traces_gets
     monkeypatch.setattr(cupti, "detached", lambda: True)
     shell.run_cell("plain = 3")
     assert calls == ["let go", "warm", "warm"]  # not attached: nothing to let go
+
+
+def test_a_kernel_readies_cupti_on_its_event_loop_after_each_cell_not_inside_one(shell, monkeypatch) -> None:
+    """With a Jupyter kernel's event loop, each cell's end schedules ``cupti.between_cells`` on it (it runs once the
+    kernel is idle, outside every cell's time); registering again adds no second schedule."""
+    from gpuworkbench.trace import cupti
+
+    class Loop:
+        def __init__(self) -> None:
+            self.later: list = []
+
+        def call_later(self, delay: float, fn) -> None:
+            self.later.append((delay, fn))
+
+    loop = Loop()
+    monkeypatch.setattr(shell, "kernel", type("Kernel", (), {"io_loop": loop})(), raising=False)
+    monkeypatch.setattr(cupti, "between_cells", lambda: "let go, ready")
+    monkeypatch.setattr(cell_hooks, "last_between", None)
+    before = list(shell.events.callbacks["post_run_cell"])
+    try:
+        magics.register(shell)
+        magics.register(shell)
+        shell.run_cell("plain = 1 + 1")
+        assert len(loop.later) == 1 and loop.later[0][0] == cell_hooks.IDLE_AFTER_S
+        assert cell_hooks.last_between is None  # not inside the cell
+        loop.later[0][1]()  # the kernel, idle
+        assert cell_hooks.last_between[0] == "let go, ready" and cell_hooks.last_between[1] >= 0
+    finally:
+        for callback in [c for c in shell.events.callbacks["post_run_cell"] if c not in before]:
+            shell.events.unregister("post_run_cell", callback)

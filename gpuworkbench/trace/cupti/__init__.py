@@ -37,6 +37,7 @@ __all__ = [
     "Phase",
     "block",
     "blocked",
+    "between_cells",
     "callbacks_unknown",
     "detached",
     "hand_over",
@@ -65,6 +66,7 @@ let_go = LIFECYCLE.let_go
 settle = LIFECYCLE.settle
 reattach_soon = LIFECYCLE.reattach_soon
 warm_for_cell = LIFECYCLE.warm_for_cell
+between_cells = LIFECYCLE.between_cells
 prime_here = LIFECYCLE.prime_here
 prepare = LIFECYCLE.prepare
 set_notebook = LIFECYCLE.set_notebook

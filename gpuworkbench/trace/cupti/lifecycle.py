@@ -245,6 +245,18 @@ class Lifecycle(Tunables):
         self.prime_timer.wait_idle(self.prime_wait_s)  # the cell's trace then starts with no prime or watch under way
         return self.parked is not None
 
+    def between_cells(self) -> str:
+        """A notebook kernel idle after a cell (its event loop, not inside a cell): a lingering source let go and
+        CUPTI initialized again with no kind on (ready), so that no pre-run hook attaches (~12 ms) or finalizes a
+        source with kinds on. What it did ('' nothing: a trace records, a block holds, another tool holds CUPTI)."""
+        if not self.prepared or self.active is not None or self.raw is None or self.blocked() or other_client():
+            return ""
+        done = "let go, " if self.attached and not self.fresh and self.let_go() else ""
+        if not self.attached:
+            self._reattach(self.reattach_token)
+            done += "ready" if self.attached else ""
+        return done
+
     def park_new_source(self) -> None:
         """Start a source and stop it, so that its kinds stay on, parked for the next trace to take over (CUPTI's first
         enabling of each kind paid here); nothing where it cannot start: a trace that cannot start CUPTI says why."""

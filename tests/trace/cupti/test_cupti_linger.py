@@ -552,3 +552,24 @@ def test_the_packages_tunables_are_the_process_lifecycles(monkeypatch):
     assert cupti.LIFECYCLE.linger_s == 7.5 and cupti.LINGER_S == 7.5
     assert cupti.NOTEBOOK is cupti.LIFECYCLE.notebook and cupti.detach_refused == cupti.LIFECYCLE.detach_refused
     assert cupti.LIFECYCLE in listeners.BLOCKERS
+
+
+def test_between_cells_a_lingering_source_is_let_go_and_cupti_made_ready_for_the_next_cell(fake_cupti):
+    """A notebook kernel idle after a traced cell (``between_cells``): the lingering source is let go and CUPTI
+    initialized again with no kind on, so that no pre-run hook attaches; from *let go* it is only initialized again;
+    from *ready*, or while a trace records, nothing is done."""
+    life = fake_cupti.life
+    life.notebook = True
+    life.prepared = True
+    s = life.new_source()
+    s.start()
+    assert life.between_cells() == ""  # a trace records
+    s.stop()
+    assert life.lingering()
+    assert life.between_cells() == "let go, ready"
+    assert life.state().startswith("ready") and not life.lingering() and fake_cupti.raw.registered == 2
+    assert life.between_cells() == ""  # ready already
+    assert life.let_go() and life.detached()
+    assert life.between_cells() == "ready" and fake_cupti.raw.registered == 3
+    assert life.warm_for_cell() and life.lingering()  # the next traced cell's hook parks a source: nothing attached
+    assert fake_cupti.raw.registered == 3
