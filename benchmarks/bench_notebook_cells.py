@@ -88,12 +88,38 @@ def cell(kind: str, batches: int | None, work: str = "pipeline") -> str:
     return UNTRACED.format(work=body)
 
 
-def notebook():
+class IdleLoop:
+    """A Jupyter kernel's event loop as far as the extension uses it: what a cell's end schedules (``call_later``)
+    runs in the gap before the next cell (``idle``), as a kernel runs it once it has replied and waits."""
+
+    def __init__(self) -> None:
+        self.due: list = []
+        self.ms: list[float] = []  # each idle's work, as the kernel spends it between cells
+
+    def call_later(self, _delay: float, fn) -> None:
+        self.due.append(fn)
+
+    def idle(self, seconds: float) -> None:
+        t0 = time.perf_counter()
+        due, self.due = self.due, []
+        for fn in due:
+            fn()
+        self.ms.append((time.perf_counter() - t0) * 1e3)
+        time.sleep(max(0.0, seconds - (time.perf_counter() - t0)))
+
+
+LOOP = IdleLoop()
+
+
+def notebook(idle: bool = True):
     """A real IPython shell after ``%load_ext gpuworkbench`` and the pipeline's set-up: (shell, hook clock, gw,
-    inputs)."""
+    inputs). ``idle``: the shell has a kernel's event loop (``LOOP``), on which the extension readies CUPTI between
+    cells; without it, as in a terminal, the pre-run hook does all of it."""
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
+    if idle:
+        shell.kernel = type("Kernel", (), {"io_loop": LOOP})()
     hooks = HookClock()
     for event in ("pre_run_cell", "post_run_cell"):
         shell.events.register(event, hooks.start)
@@ -112,7 +138,7 @@ def notebook():
 def child(kind: str) -> None:
     """One fresh process: its first cell after the set-up, traced or not, 1 s later."""
     shell, hooks, _gw, _inputs = notebook()
-    time.sleep(1.0)
+    LOOP.idle(1.0)
     shell.run_cell(cell(kind, None), store_history=False).raise_error()
     print(json.dumps({"body": shell.user_ns["_ms"], "pre": hooks.ms["pre_run_cell"]}), flush=True)
 
@@ -148,6 +174,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--first", type=int, default=0, help="fresh processes of each kind instead (see above)")
     parser.add_argument("--child", choices=("traced", "untraced"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-idle", action="store_true", help="no kernel event loop: CUPTI readied in the hooks alone")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     if args.child:
@@ -158,11 +185,11 @@ def main() -> None:
         return
     from gpuworkbench.trace.spans import KIND_CODE
 
-    shell, hooks, gw, inputs = notebook()
+    shell, hooks, gw, inputs = notebook(idle=not args.no_idle)
     cupti = gw.cupti
     linger_s = cupti.LINGER_S
     rows: dict[str, dict[str, list[float]]] = {
-        m: {"body": [], "cell": [], "pre": [], "post": [], "enter": [], "exit": []} for m in MODES
+        m: {"body": [], "cell": [], "pre": [], "post": [], "enter": [], "exit": [], "idle": []} for m in MODES
     }
     states: dict[str, dict[str, int]] = {m: {} for m in MODES}
     names = list(MODES)
@@ -171,14 +198,16 @@ def main() -> None:
             before, timed, work = MODES[mode]
             if mode == "traced after the linger ran out":
                 cupti.LINGER_S = 0.05
+            idles = len(LOOP.ms)
             for kind in before:
                 result = shell.run_cell(cell(kind, 4, work), store_history=False)
                 result.raise_error()
                 if shell.user_ns["_t"] is not None:
                     shell.user_ns["_t"].wait_pending()  # its harvester parks the source as it ends
-                time.sleep(0.05)
+                LOOP.idle(0.05)
             cupti.LINGER_S = linger_s
-            time.sleep(GAP_S + (0.3 if mode == "traced after the linger ran out" else 0.0))
+            LOOP.idle(GAP_S + (0.3 if mode == "traced after the linger ran out" else 0.0))
+            rows[mode]["idle"].append(LOOP.ms[-1] + LOOP.ms[-2] if len(LOOP.ms) - idles >= 2 else LOOP.ms[-1])
             state = cupti.state().split(":")[0]
             states[mode][state] = states[mode].get(state, 0) + 1
             t0 = time.perf_counter_ns()
@@ -218,6 +247,7 @@ def main() -> None:
             "cell_delta_ms_median_of_rounds": paired("cell", lambda a, b: a - b),
             "pre_run_hooks_ms_median": round(statistics.median(row["pre"]), 3),
             "post_run_hooks_ms_median": round(statistics.median(row["post"]), 3),
+            "idle_before_ms_median": round(statistics.median(row["idle"]), 3),  # after the last cell before it
             "cupti_state_before": states[mode],
             **(
                 {
