@@ -48,11 +48,17 @@ LAUNCH_COUNT = 2000
 #: mode: (the cells before it, the timed cell, its work); each work's first mode is the baseline of its rows
 MODES = {
     "untraced after an untraced cell": (["untraced"], "untraced", "pipeline"),
+    "untraced after an untraced cell, CUPTI let go (not left ready)": (["untraced"], "untraced", "pipeline"),
     "traced after an untraced cell": (["untraced"], "traced", "pipeline"),
     "traced after traced cells": (["traced", "traced"], "traced", "pipeline"),
     "untraced after a traced cell": (["traced"], "untraced", "pipeline"),
     "traced after the linger ran out": (["traced"], "traced", "pipeline"),
     "empty launches, untraced after an untraced cell": (["untraced"], "untraced", "launches"),
+    "empty launches, untraced after an untraced cell, CUPTI let go (not left ready)": (
+        ["untraced"],
+        "untraced",
+        "launches",
+    ),
     "empty launches, untraced after a traced cell": (["traced"], "untraced", "launches"),
     "empty launches, traced after traced cells": (["traced", "traced"], "traced", "launches"),
 }
@@ -186,6 +192,8 @@ def main() -> None:
     from gpuworkbench.trace.spans import KIND_CODE
 
     shell, hooks, gw, inputs = notebook(idle=not args.no_idle)
+    from gpuworkbench.notebook import cell_hooks
+
     cupti = gw.cupti
     linger_s = cupti.LINGER_S
     rows: dict[str, dict[str, list[float]]] = {
@@ -199,6 +207,7 @@ def main() -> None:
             if mode == "traced after the linger ran out":
                 cupti.LINGER_S = 0.05
             idles = len(LOOP.ms)
+            cell_hooks.LET_GO_READY = "let go" in mode  # the pre-run hook lets go a CUPTI only ready
             for kind in before:
                 result = shell.run_cell(cell(kind, 4, work), store_history=False)
                 result.raise_error()

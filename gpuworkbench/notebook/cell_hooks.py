@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from ..trace import cupti
+from ..trace.cupti.phase import Phase
 from .history import number_cells
 
 #: Words in a cell's source that say it traces (or asks about CUPTI): CUPTI lingering after a trace is kept for it.
@@ -21,6 +22,9 @@ TRACES_HERE = re.compile(r"%%gpu|%gpu live|\.live\(|(?<!\w)(?<!dask\.)trace\(")
 last_done: tuple[str, float] | None = None
 #: What the kernel last did to CUPTI while idle between cells, and how long it took (ms).
 last_between: tuple[str, float] | None = None
+#: Whether a cell that does not trace lets go a CUPTI that is only ready (initialized, no kind on): ``cuptiFinalize``
+#: costs the pre-run hook ~2.5 ms (H200), while ready costs an empty launch a few % (``docs/cupti.md``).
+LET_GO_READY = False
 #: How long after a cell's end the kernel's event loop readies CUPTI for the next cell (s).
 IDLE_AFTER_S = 0.005
 
@@ -68,11 +72,11 @@ def between_cells() -> None:
 def ready_cupti_for_cell(info: Any) -> None:
     """Before each cell, on the kernel's thread, outside the cell's own time: for a cell that traces, attach CUPTI if
     it was let go, park a source for the cell's trace to take over and prime it on this thread
-    (``cupti.warm_for_cell``); for a cell that does not, let go an attached CUPTI (a source lingering after a trace
-    or parked by ``%load_ext``, CUPTI ready, or left attached by torch.profiler), which would slow every CUDA call of
-    the cell (an empty launch 1.5 × while a source lingers, 1.7 × after torch.profiler on an H100, a few % when ready),
-    so that it runs as in a process that never traced. Cells that ask about CUPTI (``%gpu cupti``) or trace on Dask
-    workers leave it as it is; so does a trace or a torch.profiler that still records (a live view, a schedule)."""
+    (``cupti.warm_for_cell``); for a cell that does not, let go an attached CUPTI that would slow every CUDA call of
+    the cell (a source lingering after a trace: an empty launch 1.5 ×; left attached by torch.profiler: 1.7 × on an
+    H100). CUPTI only ready (what the kernel leaves between cells) stays so unless ``LET_GO_READY``: finalizing it
+    would cost this hook ~2.5 ms, more than ready costs most cells. Cells that ask about CUPTI (``%gpu cupti``) or
+    trace on Dask workers leave it as it is; so does a trace or a torch.profiler that still records."""
     global last_done
     t0 = time.perf_counter_ns()
     cupti.settle(1.0)  # a re-initialization under way (one armed before %load_ext)
@@ -83,7 +87,8 @@ def ready_cupti_for_cell(info: Any) -> None:
         if cupti.warm_for_cell():
             done = "made CUPTI ready for the cell's trace" if attached else "attached CUPTI for the cell's trace"
     elif not any(word in source for word in TRACING_WORDS) and not cupti.detached():
-        if cupti.let_go():  # refused while a trace, a block or another tool (torch.profiler recording) holds CUPTI
+        # refused while a trace, a block or another tool (torch.profiler recording) holds CUPTI
+        if (LET_GO_READY or cupti.LIFECYCLE.phase is not Phase.READY) and cupti.let_go():
             done = "let CUPTI go for the untraced cell"
     if done:
         last_done = (done, (time.perf_counter_ns() - t0) / 1e6)
