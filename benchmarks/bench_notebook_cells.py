@@ -17,6 +17,12 @@ process's first traced cell, or the same cell untraced; paired medians of the bo
 Three more modes time a loop of 2000 empty CuPy launches the same way: untraced after an untraced cell (their
 baseline), untraced after a traced cell, traced after traced cells.
 
+``--shown``: instead, a ``%%gpu`` cell with its picture (timeline, memory, source view, summary) in a shell that
+publishes rich output as a Jupyter kernel does, against ``%%gpu --no-show`` and the same code untraced, alternating,
+``--rounds`` rounds after one warm-up round; medians of the body, the whole ``run_cell`` and "code returned ->
+display published" (the browser's own render not counted) with its phases. The work: ten training steps of a small
+CNN with PyTorch on CUDA (~1 000 spans), or without CUDA 250 rounds of copies and kernels on the CPU backend.
+
 Each row gives the timed cell's body (its own clock, as ``%%time`` would), the whole ``run_cell`` (IPython's work
 and every hook included), and our pre- and post-run hooks alone, as medians, and the body's paired difference to the
 baseline of the same round; for traced cells also the trace's start (the cell's clock to the first line inside the
@@ -175,6 +181,164 @@ def first(count: int) -> list[dict]:
     return [out]
 
 
+SHOWN_CPU_SETUP = """\
+import numpy as np, gpuworkbench as gw
+dev = gw.Device("cpu")
+s = dev.create_stream("work")
+x, y = dev.alloc(1 << 10), dev.alloc(1 << 10)
+host = np.ones(1 << 10, np.float32); out = np.empty_like(host)
+f = gw.elementwise("float32 x, float32 y", "y = 2*x + 1", name="scale_add")
+g = gw.elementwise("float32 x, float32 y", "y = x * x", name="square")
+"""
+#: ~1 000 spans on the CPU backend: 250 rounds of upload, two kernels, download.
+SHOWN_CPU_WORK = """\
+for i in range(250):
+    x.copy_from_host_async(host, s)
+    f(x, y, stream=s)
+    g(y, x, stream=s)
+    x.copy_to_host_async(out, s)
+dev.synchronize()
+"""
+SHOWN_TORCH_SETUP = """\
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1),
+                      nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 7 * 7, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data, labels = torch.randn(64, 1, 28, 28, device="cuda"), torch.randint(0, 10, (64,), device="cuda")
+for _ in range(3):
+    opt.zero_grad(); nn.functional.cross_entropy(model(data), labels).backward(); opt.step()
+torch.cuda.synchronize()
+"""
+#: Ten training steps of a small CNN (conv-relu-pool x2, linear, SGD, batch 64 of 1x28x28): ~1 000 spans.
+SHOWN_TORCH_WORK = """\
+for _ in range(10):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(data), labels).backward()
+    opt.step()
+torch.cuda.synchronize()
+"""
+
+
+def shown_workload() -> tuple[str, str, str]:
+    """(what, set-up cell, work): the CNN on CUDA with PyTorch where both are there, else the CPU loop."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "10 CNN training steps (PyTorch, CUDA)", SHOWN_TORCH_SETUP, SHOWN_TORCH_WORK
+    except ImportError:
+        pass
+    return "250 rounds of copy, 2 kernels, copy (CPU backend)", SHOWN_CPU_SETUP, SHOWN_CPU_WORK
+
+
+class ShownClock:
+    """Marks taken in one ``%%gpu`` cell: the code returned (``Trace.stop``), the picture built, each display message
+    published; and the phases of the magic after the code (``_summarise``, ``_show``, building, publishing)."""
+
+    def __init__(self, shell) -> None:
+        import gpuworkbench.viz as viz
+        from gpuworkbench.notebook.magics import GpuMagics
+        from gpuworkbench.trace.recorder import Trace
+        from gpuworkbench.viz import notebook_doc, reuse
+
+        self.marks: dict[str, list[int]] = {}
+        self.ms: dict[str, float] = {}
+        self._wrap(Trace, "stop", "code returned", mark_before=True)
+        for owner, name, label in (
+            (GpuMagics, "_summarise", "summary (wait, table, figures)"),
+            (GpuMagics, "_show", "picture (build or refill, encode, publish)"),
+            (viz, "trace_layout", "build the layout (first cell of its shape)"),
+            (reuse, "_refill", "refill a kept layout"),
+            (notebook_doc, "document_json", "encode the document"),
+        ):
+            self._wrap(owner, name, label)
+        publisher = shell.display_pub
+        publish = publisher.publish
+
+        def published(*args, **kwargs):
+            self.marks.setdefault("published", []).append(time.perf_counter_ns())
+            return publish(*args, **kwargs)
+
+        publisher.publish = published
+
+    def _wrap(self, owner, name: str, label: str, mark_before: bool = False) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter_ns()
+            if mark_before:
+                self.marks.setdefault(label, []).append(t0)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if not mark_before:
+                    self.ms[label] = self.ms.get(label, 0.0) + (time.perf_counter_ns() - t0) / 1e6
+
+        setattr(owner, name, timed)
+
+    def reset(self) -> None:
+        self.marks.clear()
+        self.ms.clear()
+
+    def to_screen_ms(self) -> float:
+        """Code returned -> the last display message of the cell published."""
+        return (self.marks["published"][-1] - self.marks["code returned"][-1]) / 1e6
+
+
+def shown(rounds: int) -> list[dict]:
+    """``--shown``: a ``%%gpu`` cell with its picture, in a shell that displays as a notebook kernel does, against the
+    same code untraced, alternating; medians of the body, the whole ``run_cell`` and code returned -> published."""
+    from IPython.core.displaypub import CapturingDisplayPublisher
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.kernel = object()  # what in_notebook() looks for: rich output is published as in a Jupyter kernel
+    shell.display_pub = CapturingDisplayPublisher()
+    shell.run_cell("%load_ext gpuworkbench", store_history=False).raise_error()
+    what, setup, work = shown_workload()
+    shell.run_cell(setup, store_history=False).raise_error()
+    clock = ShownClock(shell)
+    timed = "_t0 = _clock()\n{work}_ms = (_clock() - _t0) / 1e6\n"
+    shell.user_ns["_clock"] = time.perf_counter_ns
+    cells = {
+        "untraced": timed.format(work=work),
+        "%%gpu, shown": "%%gpu\n" + timed.format(work=work),
+        "%%gpu --no-show": "%%gpu --no-show\n" + timed.format(work=work),
+    }
+    rows: dict[str, dict[str, list[float]]] = {k: {} for k in cells}
+    names = list(cells)
+    for r in range(rounds + 1):  # the first round warms up (its layouts are built, later ones refilled)
+        for kind in names if r % 2 == 0 else names[::-1]:
+            clock.reset()
+            shell.display_pub.outputs.clear()
+            time.sleep(GAP_S)
+            t0 = time.perf_counter_ns()
+            shell.run_cell(cells[kind], store_history=False).raise_error()
+            total = (time.perf_counter_ns() - t0) / 1e6
+            if r == 0:
+                continue
+            row = rows[kind]
+            row.setdefault("body", []).append(shell.user_ns["_ms"])
+            row.setdefault("cell", []).append(total)
+            if kind == "%%gpu, shown":
+                if not shell.display_pub.outputs:
+                    raise SystemExit("the %%gpu cell published nothing")
+                row.setdefault("code returned -> published", []).append(clock.to_screen_ms())
+            for label, ms in clock.ms.items():
+                row.setdefault(label, []).append(ms)
+    from gpuworkbench.notebook.history import history
+
+    spans = len(history[-1].trace)
+    results = []
+    for kind, row in rows.items():
+        out = {"what": f"{what}, {spans} spans: {kind}"}
+        out.update({f"{k} ms median": round(statistics.median(v), 3) for k, v in row.items()})
+        results.append(out)
+        print(json.dumps(out), flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
@@ -182,7 +346,11 @@ def main() -> None:
     parser.add_argument("--child", choices=("traced", "untraced"), help=argparse.SUPPRESS)
     parser.add_argument("--no-idle", action="store_true", help="no kernel event loop: CUPTI readied in the hooks alone")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--shown", action="store_true", help="a %%%%gpu cell with its picture instead (see above)")
     args = parser.parse_args()
+    if args.shown:
+        _write(args.json, shown(args.rounds))
+        return
     if args.child:
         child(args.child)
         return

@@ -39,7 +39,10 @@ LINE_USAGE = """\
 %gpu bench copy|launch|pipeline   quick benchmarks on the current device
 %gpu bench crossover [OP ...] [--sizes N,N,...] [--repeats R] [--budget S] [--refresh]
                                   from which size each library op (all: no OP) beats NumPy, with and without
-                                  copies: a table and a log-log plot (cached per device; --refresh measures again)"""
+                                  copies: a table and a log-log plot (cached per device; --refresh measures again)
+%gpu timeit [--warmup N] [--budget S] [--flush-l2] [--graph] [-o NAME] STATEMENT
+                                  device time per call (from the trace's spans) and host time per call, with their
+                                  spread; %%gpu timeit [options] times the cell"""
 CELL_USAGE = (
     "%%gpu [-o NAME] [--no-show] [--no-lines] [--device BACKEND[:N]]   trace the cell; show its lines' device time, "
     "timeline, memory and summary"
@@ -70,6 +73,11 @@ class GpuMagics(Magics):
     def gpu(self, line: str, cell: str | None = None) -> Any:
         """%gpu [use|mem|live|export|bench ...] and %%gpu [-o NAME] [--no-show] [--device SPEC]."""
         __tracebackhide__ = True  # a cell's own error shows the cell's frames, not the magic's
+        head = line.split(None, 1)
+        if head and head[0] == "timeit":  # %gpu timeit STATEMENT / %%gpu timeit: the statement stays raw text
+            from . import timeit_magic
+
+            return timeit_magic.run(self, head[1] if len(head) > 1 else "", cell)
         if cell is not None:
             return self._traced_cell(line, cell)
         try:
@@ -397,7 +405,9 @@ class GpuMagics(Magics):
             print(summary)
             return
         try:
-            shown = trace.show(window=window)
+            from ..viz import show_trace  # Bokeh on first use
+
+            shown = show_trace(trace, window, summary)  # the summary computed once, for the record and the picture
         except ImportError as exc:
             print(f"(no pictures: {exc})")
             display(summary)

@@ -18,36 +18,46 @@ from .timeline import timeline_figure, timeline_view, trace_timeline
 from .timeline_data import DETAIL_LIMIT, WEBGL_THRESHOLD
 
 
-def trace_layout(trace: Any, window: tuple[int, int] | None = None) -> Any:
+def trace_layout(trace: Any, window: tuple[int, int] | None = None, summary: Any = None) -> Any:
     """Timeline, memory plot (sharing its time axis), the overview strip that moves both, and the summary table of a
     trace, as one Bokeh column; above them, where the trace recorded source lines, the source view (tapping a line
     picks out its spans on the timeline).
 
-    ``window`` (start_ns, end_ns), e.g. a cell's wall time, is the summary's W instead of first-to-last op.
+    ``window`` (start_ns, end_ns), e.g. a cell's wall time, is the summary's W instead of first-to-last op;
+    ``summary``: that ``trace.summary(window=window)`` where the caller has it already.
     """
     from bokeh.layouts import column
     from bokeh.models import Div
 
     timeline, overview = trace_timeline(trace).children
     memory = trace_memory_plot(trace, x_range=timeline.x_range)
-    summary = Div(text=trace.summary(window=window)._repr_html_(), sizing_mode="stretch_width")
-    parts = [timeline, memory, overview, summary]
+    if summary is None:
+        summary = trace.summary(window=window)
+    parts = [timeline, memory, overview, Div(text=summary._repr_html_(), sizing_mode="stretch_width")]
     if getattr(trace, "locations", None):
         parts.insert(0, source_figure(trace, timeline))
     return column(*parts, sizing_mode="stretch_width")
 
 
-def show_trace(trace: Any, window: tuple[int, int] | None = None) -> Any:
+def show_trace(trace: Any, window: tuple[int, int] | None = None, summary: Any = None) -> Any:
     """``Trace.show``: display timeline, memory and summary in a notebook (inline BokehJS); elsewhere return them.
 
-    Returns None after displaying, so that the cell does not also print the layout's repr.
+    Returns None after displaying, so that the cell does not also print the layout's repr. In a notebook the layout
+    is published as ``bokeh.io.show`` publishes it, without keeping it in ``curdoc()`` (``notebook_doc``), and a
+    layout shaped as an earlier one is that one given the new trace's values (``reuse``).
     """
-    layout = trace_layout(trace, window)
     if not inline_setup():
-        return layout
+        return trace_layout(trace, window, summary)
+    from .notebook_doc import fast_path_applies
+
+    if fast_path_applies():
+        from .reuse import show_trace_reused
+
+        show_trace_reused(trace, window, summary, trace_layout)
+        return None
     from bokeh.io import show
 
-    show(layout)
+    show(trace_layout(trace, window, summary))
     return None
 
 

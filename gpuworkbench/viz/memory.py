@@ -111,32 +111,22 @@ def memory_figure(
         FixedTicker(ticks=[0]) if empty else AdaptiveTicker(base=2, mantissas=[1], min_interval=1, num_minor_ticks=0)
     )
     fig.yaxis.formatter = CustomJSTickFormatter(code=timeline_js.BYTE_TICKS)
-    devices = np.asarray(memory_table["device"])
-    held = np.asarray(memory_table["held_bytes"], dtype=np.float64)
-    used = np.asarray(memory_table["used_bytes"], dtype=np.float64)
-    names = dict(device_names or {})
-    for i, device in enumerate(int(d) for d in np.unique(devices)):
-        rows = np.flatnonzero(devices == device)
-        rows = rows[np.argsort(t_ns[rows], kind="stable")]
-        t_ms = (t_ns[rows] - t0_ns) / 1e6
-        label = names.get(device, f"device {device}")
-        color = DEVICE_COLORS[i % len(DEVICE_COLORS)]
+    for device, label, color, held, used in memory_series(memory_table, device_names, t0_ns):
         fig.step(
             "t_ms",
             "bytes",
-            source=ColumnDataSource({"t_ms": t_ms, "bytes": held[rows]}),
+            source=ColumnDataSource(held),
             mode="after",
             line_width=2,
             color=color,
             legend_label=f"{label}: held by gpuworkbench",
             name=f"held:{device}",
         )
-        known = used[rows] >= 0
-        if known.any():
+        if used is not None:
             fig.step(
                 "t_ms",
                 "bytes",
-                source=ColumnDataSource({"t_ms": t_ms[known], "bytes": used[rows][known]}),
+                source=ColumnDataSource(used),
                 mode="after",
                 line_width=1,
                 line_dash="dashed",
@@ -160,11 +150,41 @@ def memory_figure(
     return fig
 
 
+def memory_series(
+    memory_table: Mapping[str, np.ndarray], device_names: Mapping[int, str] | None, t0_ns: int
+) -> list[tuple[int, str, str, dict[str, np.ndarray], dict[str, np.ndarray] | None]]:
+    """Per device: (device, label, colour, its held-bytes steps, its used-bytes steps or None where never known), the
+    steps as columns ``t_ms`` (from ``t0_ns``) and ``bytes``."""
+    t_ns = np.asarray(memory_table["t_ns"], dtype=np.int64)
+    devices = np.asarray(memory_table["device"])
+    held = np.asarray(memory_table["held_bytes"], dtype=np.float64)
+    used = np.asarray(memory_table["used_bytes"], dtype=np.float64)
+    names = dict(device_names or {})
+    out = []
+    for i, device in enumerate(int(d) for d in np.unique(devices)):
+        rows = np.flatnonzero(devices == device)
+        rows = rows[np.argsort(t_ns[rows], kind="stable")]
+        t_ms = (t_ns[rows] - t0_ns) / 1e6
+        known = used[rows] >= 0
+        used_steps = {"t_ms": t_ms[known], "bytes": used[rows][known]} if known.any() else None
+        label = names.get(device, f"device {device}")
+        color = DEVICE_COLORS[i % len(DEVICE_COLORS)]
+        out.append((device, label, color, {"t_ms": t_ms, "bytes": held[rows]}, used_steps))
+    return out
+
+
+def trace_memory_t0(trace: Any) -> int:
+    """Time zero of a trace's memory plot: the timeline's."""
+    from .timeline import trace_start_ns
+
+    return trace.started_ns or trace_start_ns(trace, trace.table(wait=False))
+
+
 def trace_memory_plot(trace: Any, **kw: Any) -> Any:
     """``Trace.memory_plot``: the memory figure of a whole trace, on the same time axis as its timeline."""
-    from .timeline import device_names, trace_start_ns
+    from .timeline import device_names
 
     memory = trace.memory_table()
     if "t0_ns" not in kw:
-        kw["t0_ns"] = trace.started_ns or trace_start_ns(trace, trace.table(wait=False))
+        kw["t0_ns"] = trace_memory_t0(trace)
     return memory_figure(memory, device_names(trace), **kw)

@@ -297,11 +297,25 @@ def _bar_columns(data: Mapping[str, list], at: _Layout, dark: bool = False) -> d
     return out
 
 
-def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None, dark: bool = False) -> Any:
-    """The annotated source of a trace's lines as a Bokeh plot (module docstring): per line its number, its text, a
-    bar of its device time and "N ops · 1.2 ms (34 %)". Tapping lines selects their spans in ``timeline`` (a
-    ``Trace.timeline()`` column, its figure or its span source); without one the view stands alone. ``dark``: colours
-    for a dark page."""
+@dataclass
+class SourceValues:
+    """What the source view shows of a trace, before any Bokeh model (``source_figure`` and ``reuse`` read it)."""
+
+    n: int  # rows (files' headers, lines, gaps)
+    visible: int
+    width: int
+    title: str
+    linked: bool
+    spans: Any  # the timeline's span source, or None
+    data: dict[str, list]
+    bars: dict[str, list]
+    labels: dict[str, list]
+    members: list[int]
+    first: list[int]
+
+
+def source_values(trace: Any, spans: Any, *, title: str | None = None, dark: bool = False) -> SourceValues:
+    """``source_figure``'s data for ``trace``, linked to ``spans`` (the timeline's span source, or None)."""
     table = trace.table()
     locations = list(getattr(trace, "locations", None) or [])
     lines_of = getattr(trace, "lines", None)
@@ -310,7 +324,6 @@ def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None,
     at = _Layout(rows)
     lines = [i for i, r in enumerate(rows) if r["kind"] == "line"]
     data = _row_columns(rows, lines, locations)
-    spans = _span_source(timeline)
     linked = spans is not None and len(spans.data.get("loc", ())) > 0
     if title is None:
         title = "device time by source line"
@@ -320,8 +333,35 @@ def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None,
             title += ": no device work was issued from a recorded line"
         if n > MAX_VISIBLE:
             title += "; the wheel scrolls the lines"
-    visible = min(n, MAX_VISIBLE) or 1
-    width = max(at.width, int(TITLE_CHAR_PX * len(title)))
+    members: list[int] = []
+    first: list[int] = []
+    if linked:
+        position = np.full(n + 1, -1, np.int64)  # a row of ``rows`` -> its entry in the row source (-1: no line)
+        position[lines] = np.arange(len(lines))
+        found, starts = spans_by_row(spans.data["loc"], spans.data["kind"], position[row_of], len(lines))
+        members, first = found.tolist(), starts.tolist()
+    return SourceValues(
+        n=n,
+        visible=min(n, MAX_VISIBLE) or 1,
+        width=max(at.width, int(TITLE_CHAR_PX * len(title))),
+        title=title,
+        linked=linked,
+        spans=spans if linked else None,
+        data=data,
+        bars=_bar_columns(data, at, dark),
+        labels=_label_columns(rows, data, at, dark),
+        members=members,
+        first=first,
+    )
+
+
+def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None, dark: bool = False) -> Any:
+    """The annotated source of a trace's lines as a Bokeh plot (module docstring): per line its number, its text, a
+    bar of its device time and "N ops · 1.2 ms (34 %)". Tapping lines selects their spans in ``timeline`` (a
+    ``Trace.timeline()`` column, its figure or its span source); without one the view stands alone. ``dark``: colours
+    for a dark page."""
+    v = source_values(trace, _span_source(timeline), title=title, dark=dark)
+    n, visible, width, title, linked = v.n, v.visible, v.width, v.title, v.linked
     plot = Plot(
         title=Title(text=title, text_font_size="9pt", text_font_style="normal"),
         frame_width=width,
@@ -337,7 +377,7 @@ def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None,
         outline_line_color=None,
         name="source view",
     )
-    rows_source = ColumnDataSource(data, name="source rows")
+    rows_source = ColumnDataSource(v.data, name="source rows")
     # Whole-row strips under the text: what a tap hits, and what shows the picked lines.
     strip = {"y": "y", "left": 0, "right": width, "height": 1.0, "line_color": None}
     unpicked = HBar(**strip, fill_color=PICK_COLOR, fill_alpha=0.0)
@@ -350,7 +390,7 @@ def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None,
         name="source picks",
     )
     bars = GlyphRenderer(
-        data_source=ColumnDataSource(_bar_columns(data, at, dark), name="source bars"),
+        data_source=ColumnDataSource(v.bars, name="source bars"),
         glyph=HBar(y="y", left="left", right="right", height=0.6, fill_color="color", line_color=None),
         name="bars",
     )
@@ -358,8 +398,7 @@ def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None,
         x="x", y="y", text="text", text_align="align", text_color="color", text_font_style="style",
         text_font=value("monospace"), text_font_size=f"{FONT_PX}px", text_baseline="middle",
     )  # fmt: skip
-    labels = GlyphRenderer(data_source=ColumnDataSource(_label_columns(rows, data, at, dark), name="source labels"),
-                           glyph=text, name="labels")  # fmt: skip
+    labels = GlyphRenderer(data_source=ColumnDataSource(v.labels, name="source labels"), glyph=text, name="labels")
     plot.renderers = [picks, bars, labels]
     tips = [("line", "@where"), ("in", "@function"), ("device", "@work"), ("issued in", "@sites")]
     plot.add_tools(HoverTool(renderers=[picks], tooltips=tips, name="source hover"))
@@ -368,13 +407,11 @@ def source_figure(trace: Any, timeline: Any = None, *, title: str | None = None,
         plot.add_tools(wheel)
         plot.toolbar.active_scroll = wheel
     if linked:
-        position = np.full(n + 1, -1, np.int64)  # a row of ``rows`` -> its entry in the row source (-1: no line)
-        position[lines] = np.arange(len(lines))
-        members, first = spans_by_row(spans.data["loc"], spans.data["kind"], position[row_of], len(lines))
         plot.add_tools(TapTool(renderers=[picks], mode="toggle"))
         link = CustomJS(
-            args={"rows": rows_source, "spans": spans, "members": members.tolist(), "first": first.tolist()},
+            args={"rows": rows_source, "spans": v.spans, "members": v.members, "first": v.first},
             code=SELECT_SPANS,
+            name="source link",
         )
         rows_source.selected.js_on_change("indices", link)
     return plot

@@ -17,6 +17,7 @@ loop over spans; the live dashboard reuses ``RowLayout`` and ``span_columns`` to
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,81 @@ def _empty(columns: Mapping[str, Any]) -> dict[str, list]:
     return {col: [] for col in columns}
 
 
+@dataclass
+class TimelineValues:
+    """What a timeline shows of its table, before any Bokeh model: drawn sources' columns, the compact arrays, the
+    style names present (the kinds legend) and the options they decide (``build_timeline`` and ``reuse`` read it)."""
+
+    large: bool
+    webgl: bool
+    line_tip: bool  # the tooltip names each span's source line
+    state_data: dict[str, Any] | None
+    span_data: dict[str, Any]
+    wait_data: dict[str, Any]
+    cell_data: Mapping[str, Any]
+    columns: dict[str, np.ndarray] | None
+    names: list[str]
+    max_dur: float
+    present: list[str]
+
+
+def timeline_values(
+    table: Mapping[str, np.ndarray],
+    rows: RowLayout,
+    t0_ns: int,
+    *,
+    width: int = 1000,
+    webgl: bool | None = None,
+    webgl_threshold: int = WEBGL_THRESHOLD,
+    detail_limit: int = DETAIL_LIMIT,
+    compact: bool = False,
+    locations: Sequence[Location] | None = None,
+) -> TimelineValues:
+    """``build_timeline``'s data (its arguments have the same meaning); adds the table's rows to ``rows``."""
+    n = len(table["kind"])
+    links = launch_links(table)
+    rows.add_table(table, links)
+    state_data = state_columns(table, rows, t0_ns) if rows.states else None
+    large = max(n, len(state_data["left"]) if state_data else 0) > detail_limit
+    if webgl is None:
+        # A large timeline draws at most ``detail_limit`` bars or a few per pixel column: the canvas does that faster
+        # than WebGL where WebGL is software-rendered (headless Chromium: 120 against 340 ms a zoomed-out redraw).
+        webgl = n > webgl_threshold and not large
+    if large:
+        span_data: dict[str, Any] = _empty(SPAN_COLUMNS)
+    else:
+        span_data = span_columns(table, rows, t0_ns, links, locations)
+        # ranges first, outermost first: each drawn under what it encloses
+        behind = np.lexsort((np.asarray(span_data["depth"]), np.asarray(table["kind"]) != RANGE_KIND))
+        span_data = {col: np.asarray(values)[behind] for col, values in span_data.items()}
+    waits = np.asarray(span_data["style"], dtype=object) == HOST_WAIT
+    wait_data = {col: np.asarray(span_data[col])[waits] for col in ("left", "right", "row", "height")}
+    columns: dict[str, np.ndarray] | None = None
+    names: list[str] = []
+    if large or compact:
+        columns, names = compact_columns(table, rows, t0_ns, state_data, links)
+    cell_data: Mapping[str, Any] = _empty(CELL_COLUMNS)
+    if large and columns is not None:
+        lo, hi = time_extent(table, t0_ns)
+        pad = 0.02 * (hi - lo)
+        first = _aggregate_columns(columns, lo - pad, hi + pad, width // CELL_PX, len(rows.top_to_bottom))
+        cell_data = cell_columns(first, rows.top_to_bottom)
+    present = np.unique(span_styles(table)).tolist() if n else []
+    return TimelineValues(
+        large=large,
+        webgl=webgl,
+        line_tip=bool(locations) and not large,  # the browser fills a large timeline's spans without their lines
+        state_data=state_data,
+        span_data=span_data,
+        wait_data=wait_data,
+        cell_data=cell_data,
+        columns=columns,
+        names=names,
+        max_dur=float(columns["dur"].max()) if large and columns is not None else 0.0,
+        present=[STYLES[s] for s in present],
+    )
+
+
 def build_timeline(
     table: Mapping[str, np.ndarray],
     rows: RowLayout,
@@ -108,19 +184,13 @@ def build_timeline(
     data). Above ``detail_limit`` spans or state segments the sources start empty and the browser fills them from the
     compact arrays (the ``timeline raw`` source); cells per pixel column (``cell source``) draw the zoomed-out view.
     """
-    n = len(table["kind"])
-    links = launch_links(table)
-    rows.add_table(table, links)
-    state_data = state_columns(table, rows, t0_ns) if rows.states else None
-    large = max(n, len(state_data["left"]) if state_data else 0) > detail_limit
-    if webgl is None:
-        # A large timeline draws at most ``detail_limit`` bars or a few per pixel column: the canvas does that faster
-        # than WebGL where WebGL is software-rendered (headless Chromium: 120 against 340 ms a zoomed-out redraw).
-        webgl = n > webgl_threshold and not large
+    v = timeline_values(table, rows, t0_ns, width=width, webgl=webgl, webgl_threshold=webgl_threshold,
+                        detail_limit=detail_limit, compact=compact, locations=locations)  # fmt: skip
+    large, webgl, state_data, columns, names = v.large, v.webgl, v.state_data, v.columns, v.names
     if x_range is None:
         x_range = DataRange1d(range_padding=0.02)
     tooltips = span_tooltips()
-    if locations and not large:  # the browser fills a large timeline's spans without their lines
+    if v.line_tip:
         tooltips.insert(1, ("line", "@line"))
     hover = HoverTool(tooltips=tooltips, formatters=span_formatters(), name="span hover")
     wheel = WheelZoomTool(dimensions="width")
@@ -129,7 +199,7 @@ def build_timeline(
     fig = figure(
         title=title,
         width=width,
-        height=rows.height(row_px),
+        height=rows.height(row_px),  # rows were added by timeline_values
         x_range=x_range,
         y_range=FactorRange(factors=rows.factors),
         x_axis_label=TIME_AXIS,
@@ -150,13 +220,7 @@ def build_timeline(
         tips = [("state", "@state"), ("start", "@left{0,0.000} ms"), ("duration", "@duration_us{0,0.0} µs")]
         _row_bars(fig, state_source, "state", STATE_COLORS, STATES, "states", "state hover", tips)
 
-    if large:
-        span_data: dict[str, Any] = _empty(SPAN_COLUMNS)
-    else:
-        span_data = span_columns(table, rows, t0_ns, links, locations)
-        # ranges first, outermost first: each drawn under what it encloses
-        behind = np.lexsort((np.asarray(span_data["depth"]), np.asarray(table["kind"]) != RANGE_KIND))
-        span_data = {col: np.asarray(values)[behind] for col, values in span_data.items()}
+    span_data = v.span_data
     span_source = ColumnDataSource(span_data, name="span source")
     style_colors = factor_cmap("style", [STYLE_COLORS[s] for s in STYLES], list(STYLES))
     bars = fig.hbar(
@@ -175,10 +239,7 @@ def build_timeline(
     tap.renderers = [bars]
     # Host waits hatched, drawn over their bars from a source of their own: a hatch pattern per bar (a vector hatch
     # on the span renderer) makes BokehJS create a canvas layer per bar at every redraw, seconds for 10^4 bars.
-    waits = np.asarray(span_data["style"], dtype=object) == HOST_WAIT
-    wait_source = ColumnDataSource(
-        {col: np.asarray(span_data[col])[waits] for col in ("left", "right", "row", "height")}, name="wait source"
-    )
+    wait_source = ColumnDataSource(v.wait_data, name="wait source")
     fig.hbar(
         **_ON_ROWS,
         height="height",
@@ -223,18 +284,8 @@ def build_timeline(
     hover.callback = show_links
     span_source.selected.js_on_change("indices", show_links)
 
-    columns: dict[str, np.ndarray] | None = None
-    names: list[str] = []
-    if large or compact:
-        columns, names = compact_columns(table, rows, t0_ns, state_data, links)
-    raw = None
-    cell_data: Mapping[str, Any] = _empty(CELL_COLUMNS)
-    if large and columns is not None:
-        raw = ColumnDataSource(columns, name="timeline raw")
-        lo, hi = _extent(table, t0_ns)
-        pad = 0.02 * (hi - lo)
-        first = _aggregate_columns(columns, lo - pad, hi + pad, width // CELL_PX, len(rows.top_to_bottom))
-        cell_data = cell_columns(first, rows.top_to_bottom)
+    raw = ColumnDataSource(columns, name="timeline raw") if large and columns is not None else None
+    cell_data = v.cell_data
     cells = ColumnDataSource(cell_data, name="cell source")
     tips = [
         ("row", "@row"),
@@ -263,7 +314,7 @@ def build_timeline(
             "wait_style": WAIT_STYLE,
             "kind_of_wait": KIND_CODE["api"],
             "limit": detail_limit,
-            "max_dur": float(columns["dur"].max()) if raw is not None and columns is not None else 0.0,
+            "max_dur": v.max_dur,
             "char_px": CHAR_PX,
             "busy_steps": BUSY_STEPS,
             "cell_px": CELL_PX,
@@ -274,10 +325,10 @@ def build_timeline(
             "nest_min": NEST_MIN,
         },
         code=timeline_js.VIEW,
+        name="timeline view",
     )
     _follow(fig, view)
-    present = np.unique(span_styles(table)).tolist() if n else []
-    add_legends(fig, [STYLES[s] for s in present], rows.states)
+    add_legends(fig, v.present, rows.states)
     return fig, span_source, state_source, columns
 
 
@@ -313,7 +364,7 @@ def _follow(fig: Any, view: CustomJS) -> None:
     fig.js_on_event("rangesupdate", view)
 
 
-def _extent(table: Mapping[str, np.ndarray], t0_ns: int) -> tuple[float, float]:
+def time_extent(table: Mapping[str, np.ndarray], t0_ns: int) -> tuple[float, float]:
     """The table's first start and last end in ms from ``t0_ns`` ((0, 1) for an empty table)."""
     if not len(table["start_ns"]):
         return 0.0, 1.0
@@ -343,7 +394,7 @@ def timeline_figure(
     """
     if t0_ns is None:
         t0_ns = int(np.min(table["start_ns"])) if len(table["start_ns"]) else 0
-    lo, hi = _extent(table, t0_ns)
+    lo, hi = time_extent(table, t0_ns)
     pad = 0.02 * (hi - lo)
     x_range = Range1d(start=lo - pad, end=hi + pad, bounds=(lo - pad, hi + pad), name="timeline x range")
     rows = RowLayout(device_names, stream_labels, states=states)
@@ -378,14 +429,13 @@ def overview_figure(
     overview.yaxis.visible = False
     overview.ygrid.grid_line_color = None
     overview.xaxis.axis_label_text_font_size = "8pt"
-    cells = _aggregate_columns(columns, lo - pad, hi + pad, width, len(rows))
     overview.hbar(
         **_ON_ROWS,
         height=1.0,
         fill_color=factor_cmap("style", [ALL_COLORS[s] for s in ALL_STYLES], list(ALL_STYLES)),
         fill_alpha="alpha",
         line_color=None,
-        source=ColumnDataSource(cell_columns(cells, rows), name="overview cell source"),
+        source=ColumnDataSource(overview_cells(columns, rows, extent, width), name="overview cell source"),
         name="overview cells",
     )
     selector = RangeTool(x_range=fig.x_range, name="overview range")
@@ -393,6 +443,15 @@ def overview_figure(
     selector.overlay.fill_alpha = 0.15
     overview.add_tools(selector)
     return overview
+
+
+def overview_cells(
+    columns: Mapping[str, np.ndarray], rows: list[str], extent: tuple[float, float], width: int = 1000
+) -> dict[str, Any]:
+    """The overview strip's drawn cells: every row of the whole trace in ``width`` cells over the padded extent."""
+    lo, hi = extent
+    pad = 0.02 * (hi - lo)
+    return cell_columns(_aggregate_columns(columns, lo - pad, hi + pad, width, len(rows)), rows)
 
 
 def timeline_view(
@@ -424,8 +483,11 @@ def trace_timeline(trace: Any, **kw: Any) -> Any:
     table = trace.table()
     kw.setdefault("t0_ns", trace_start_ns(trace, table))
     kw.setdefault("locations", getattr(trace, "locations", None))
-    devices = trace.devices
-    if "title" not in kw:
-        real = [f"{c.key} = {c.name} ({c.source})" for c in devices.values() if c.source != "records"]
-        kw["title"] = "timeline" + (f": {'; '.join(real)}" if real else "")
+    kw.setdefault("title", timeline_title(trace))
     return timeline_view(table, device_names(trace), trace.stream_labels, **kw)
+
+
+def timeline_title(trace: Any) -> str:
+    """A trace's timeline title: "timeline", and the real devices it ran on."""
+    real = [f"{c.key} = {c.name} ({c.source})" for c in trace.devices.values() if c.source != "records"]
+    return "timeline" + (f": {'; '.join(real)}" if real else "")
