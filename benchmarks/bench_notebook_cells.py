@@ -293,7 +293,8 @@ def shown(rounds: int) -> list[dict]:
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
-    shell.kernel = object()  # what in_notebook() looks for: rich output is published as in a Jupyter kernel
+    # what in_notebook() looks for (rich output is published as in a Jupyter kernel), with its event loop
+    shell.kernel = type("Kernel", (), {"io_loop": LOOP})()
     shell.display_pub = CapturingDisplayPublisher()
     shell.run_cell("%load_ext gpuworkbench", store_history=False).raise_error()
     what, setup, work = shown_workload()
@@ -308,15 +309,18 @@ def shown(rounds: int) -> list[dict]:
     }
     rows: dict[str, dict[str, list[float]]] = {k: {} for k in cells}
     names = list(cells)
+    first_ms = float("nan")
     for r in range(rounds + 1):  # the first round warms up (its layouts are built, later ones refilled)
         for kind in names if r % 2 == 0 else names[::-1]:
             clock.reset()
             shell.display_pub.outputs.clear()
-            time.sleep(GAP_S)
+            LOOP.idle(GAP_S)
             t0 = time.perf_counter_ns()
             shell.run_cell(cells[kind], store_history=False).raise_error()
             total = (time.perf_counter_ns() - t0) / 1e6
             if r == 0:
+                if kind == "%%gpu, shown":
+                    first_ms = clock.to_screen_ms()  # the layout built: the first cell of its shape
                 continue
             row = rows[kind]
             row.setdefault("body", []).append(shell.user_ns["_ms"])
@@ -334,6 +338,8 @@ def shown(rounds: int) -> list[dict]:
     for kind, row in rows.items():
         out = {"what": f"{what}, {spans} spans: {kind}"}
         out.update({f"{k} ms median": round(statistics.median(v), 3) for k, v in row.items()})
+        if kind == "%%gpu, shown":
+            out["first cell (its layout built): code returned -> published ms"] = round(first_ms, 3)
         results.append(out)
         print(json.dumps(out), flush=True)
     return results
