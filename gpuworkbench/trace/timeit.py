@@ -7,7 +7,8 @@ its midpoint lies between the host clock read before call i and the one after it
 devices' clock alignment error, never into the next sample). A sample's device time is the union of its device spans
 (kernels, copies, memsets); a kernel's is the sum of its spans' durations in the sample. Host time is
 ``perf_counter_ns`` around the call alone. Sampling stops once the median's distribution-free 95 % interval lies
-within ± ``precision`` of it, or when the time budget is spent (between ``min_samples`` and ``max_samples``).
+within ± ``precision`` of it (after ``min_samples``), when the time budget is spent (after ``BUDGET_FLOOR``), or at
+``max_samples``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def timeit(
     """Time ``fn(*args, **kwargs)``: device time per call from the trace's spans, host time around the call alone.
 
     ``warmup``: calls before sampling (None: at least 2 and about 0.1 s). Sampling stops once the median's 95 %
-    interval is within ± ``precision`` (2 %) of it or ``budget_s`` is spent, after ``min_samples`` and at most
+    interval is within ± ``precision`` (2 %) of it after ``min_samples``, or ``budget_s`` is spent after 3, and at most
     ``max_samples``. ``flush_l2``: before each sample, outside it, write a device buffer twice the L2's size.
     ``graph``: capture one call as a graph and time its replays. ``device``: the one flushed or captured on (default:
     the device the warm-up used, else ``gw.Device()``); every open device is synchronized after each call. The
@@ -205,11 +206,11 @@ def _sample(
         if n >= max_samples:
             stopped = f"max_samples ({max_samples}) reached"
             break
-        if n < min_samples:
-            continue
-        if t2 >= deadline:
+        if t2 >= deadline and n >= min(min_samples, BUDGET_FLOOR):  # a slow statement: the budget wins
             stopped = f"the time budget ({budget_s:g} s) was spent"
             break
+        if n < min_samples:
+            continue
         if n >= check_at:
             check_at = max(n + 1, math.ceil(n * CHECK_GROWTH))
             if _precise(trace, starts, ends, host, precision):
@@ -217,6 +218,10 @@ def _sample(
                 break
     windows = np.column_stack([np.array(starts, np.int64), np.array(ends, np.int64)])
     return windows, np.array(host, np.int64), stopped, (_now() - begin) / 1e9
+
+
+#: Samples taken whatever the budget: a median needs a few (a statement longer than the budget runs this often).
+BUDGET_FLOOR = 3
 
 
 def _precise(trace: Trace, starts: list[int], ends: list[int], host: list[int], precision: float) -> bool:
