@@ -227,6 +227,11 @@ class BackendDevice(ABC):
     info: DeviceInfo
     caps: Caps
 
+    def lacks_type(self, dtype: str) -> str:
+        """Why this device's kernels cannot compute with the element type named ``dtype`` ("float16", "bfloat16",
+        "float64", "int64" ...): what its kernel language or the device lacks; "" where they can."""
+        return ""
+
     @abstractmethod
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes; where ``caps.memory_free_known`` is False the caller estimates free itself."""
@@ -302,6 +307,16 @@ class BackendDevice(ABC):
         """Enqueue a launch from ``prepare_launch`` on ``stream``, untimed (traced launches go through ``launch``)."""
         kernel, grid, block, args = prepared
         return self.launch(kernel, grid, block, args, stream, False)
+
+    def prepare_varying(self, kernel: Any, grid: Dims, block: Dims, types: Sequence[type]) -> Any:
+        """Slots for launches of ``kernel`` with this grid and block whose arguments (converted, as ``launch`` takes
+        them) have these types and change from call to call, for ``launch_varying``; None (here) where the backend
+        has no such path: the front end then launches through ``launch``."""
+        return None
+
+    def launch_varying(self, varying: Any, stream: Any, values: Sequence[Any]) -> Completion:
+        """Enqueue a launch from ``prepare_varying`` with ``values`` (of its types) on ``stream``, untimed."""
+        raise NotImplementedError(f"{type(self).__name__} prepares no varying launches")
 
     def kernel_arg(self, arg: BufferArg) -> Any:
         """What ``launch`` takes for a buffer, made once per buffer by the front end (launch still takes BufferArg)."""

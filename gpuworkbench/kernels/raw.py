@@ -1,7 +1,9 @@
 """``Kernel``: a compiled kernel on one device, and its launch path (checks, enqueue, prepared repeats).
 
 The launch path is tuned (docs/architecture.md, "The launch path"): every check stays, in as few Python steps as the
-common case allows, and a launch made twice in a row with the same objects is prepared once and then repeated.
+common case allows, and a launch made twice in a row with the same objects is prepared once and then repeated. Where
+launches are not repeats (a loop index passed each time), those with the same grid, block, stream and buffers and
+scalars of the same types are checked once and then only have their scalars packed (``_shaped``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def _drop_prepared() -> None:
     """A buffer was freed: prepared launches may name it (on the CPU they hold a view of its memory), so drop all."""
     for kernel in list(_PREPARING):
         kernel._repeats.clear()
+        kernel._shapes.clear()
 
 
 Buffer.on_free.append(_drop_prepared)
@@ -70,7 +73,9 @@ class Kernel:
         backend = device.backend_device
         self._backend_launch = backend.launch
         self._prepare, self._launch_prepared = backend.prepare_launch, backend.launch_prepared
+        self._prepare_varying, self._launch_varying = backend.prepare_varying, backend.launch_varying
         self._repeats: dict[tuple, tuple] = {}  # see _repeat
+        self._shapes: dict[tuple, tuple] = {}  # see _shaped
         self._last: tuple | None = None  # the last launch's key and objects
         self._misses = 0  # launches in a row that were not repeats
         self._skip = 0  # launches still to make without a key, after _MISSES misses
@@ -90,9 +95,39 @@ class Kernel:
         ``bytes`` (``gw.library`` sets it, so that the analysis can tell the problem size)."""
         # This is the launch path: every check stays, in as few Python steps as the common case allows; a repeat
         # of an earlier launch (the same grid, block, stream and argument objects) skips them (see _repeat).
-        key = None
-        if self._skip:  # launches lately were not repeats (a scalar that changes every time): no key for a while
+        key = shape = None
+        if self._skip:  # launches lately were not repeats (a scalar that changes every time): look for their shape
             self._skip -= 1
+            if type(args) is tuple or type(args) is list:
+                shape = (id(grid), id(block), id(stream), *[id(a) if type(a) is Buffer else type(a) for a in args])
+                hit = self._shapes.get(shape)
+                if hit is not None and hit[0] == Buffer.frees:
+                    s = hit[1]
+                    if s.capturing is None and not s.closed:
+                        values = hit[3].copy()
+                        for i, t in hit[4]:
+                            v = args[i]
+                            if type(v) is not t:  # a Python number: as the first launch of this shape converted it
+                                v = _scalar(v, i)
+                                if type(v) is not t:
+                                    break  # an int past int32's range: the full path below
+                            values[i] = v
+                        else:
+                            if listeners.RECORDING:  # a trace records it (and says whether to time it)
+                                run = (self._raw, hit[5], hit[6], values, s.raw)
+                                name = name or self.name
+                                launch = self._backend_launch
+                                completion = _dispatch.enqueue_call(s, "kernel", nbytes, name, -1, launch, run, values)
+                            else:
+                                completion = self._launch_varying(hit[2], s.raw, values)
+                                s.inflight.append((completion, values))  # Stream.track, inlined
+                                s.appended += 1
+                                if s.appended & 63 == 0:
+                                    s.prune_now()
+                            sid = s.id
+                            for i in hit[7]:
+                                args[i].inflight[sid] = completion  # Buffer.touch, inlined
+                            return Event(completion, s, values)
         else:
             kind = type(args)
             if kind is tuple or kind is list:  # else the checks below say what is wrong
@@ -173,6 +208,8 @@ class Kernel:
         sid = stream.id
         for b in buffers:
             b.inflight[sid] = completion  # Buffer.touch, inlined
+        if shape is not None and usable and stream.capturing is None:
+            self._shaped(shape, (grid, block), args, grid_t, block_t, values, stream, frees)
         if repeatable and usable:
             last = self._last
             if last is not None and last[0] == key:
@@ -220,6 +257,36 @@ class Kernel:
         prepared = self._prepare(self._raw, grid, block, values)
         traced = partial(self._run_prepared, prepared, grid, block, values, stream.raw)  # call(timed), for a trace
         repeats[key] = (frees, stream, prepared, values, positions, keep, traced)
+        _PREPARING.add(self)
+
+    def _shaped(
+        self,
+        shape: tuple,
+        keep: tuple,
+        args: Sequence[Any],
+        grid: tuple,
+        block: tuple,
+        values: list,
+        stream: Stream,
+        frees: int,
+    ) -> None:
+        """Keep a launch that was not a repeat for later ones of its shape (the same grid, block, stream and Buffer
+        objects, scalars of the same types): the backend's slots for its argument types (``prepare_varying``), the
+        converted arguments with the Buffers' filled in, and where the scalars go. ``keep`` holds the grid and block
+        objects, whose ids are in ``shape``; Buffers are valid while ``Buffer.frees`` is ``frees`` (see ``_repeat``)."""
+        if not (type(keep[0]) in _IMMUTABLE_DIMS and type(keep[1]) in _IMMUTABLE_DIMS):
+            return
+        if not all(type(a) is Buffer or isinstance(a, _IMMUTABLE_SCALARS) for a in args):
+            return  # a Buffer subclass, a structured scalar: the full path each time
+        varying = self._prepare_varying(self._raw, grid, block, [type(v) for v in values])
+        if varying is None:
+            return
+        shapes = self._shapes
+        if len(shapes) >= _REPEATS:
+            shapes.clear()
+        scalars = tuple((i, type(values[i])) for i, a in enumerate(args) if type(a) is not Buffer)
+        buffers = tuple(i for i, a in enumerate(args) if type(a) is Buffer)
+        shapes[shape] = (frees, stream, varying, list(values), scalars, grid, block, buffers, keep)
         _PREPARING.add(self)
 
     def __repr__(self) -> str:

@@ -392,3 +392,35 @@ def test_an_unread_cupti_trace_defers_decoding_and_a_live_reader_gets_spans_whil
     kernels = [sp for sp in t.spans if sp.kind == "kernel"]
     assert [sp.name for sp in kernels] == [f"k{i}" for i in range(3000)] + [f"w{i}" for i in range(1000)]
     s.close()
+
+
+PUT = 'extern "C" __global__ void put(float* x, int i, float v) { x[i] = v; }'
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_launches_whose_scalars_change_each_time_write_every_value(dev, traced):
+    """Past the repeats' misses a launch is looked up by its shape (grid, block, stream, buffers, scalar types) and
+    only its scalars packed: 600 launches with a new index and value each write all 600, Python numbers and NumPy
+    scalars alike, traced or not."""
+    k = dev.compile(PUT, "put")
+    s = dev.create_stream("varying")
+    n = 600
+    with dev.alloc(n, "float32") as x:
+        x.fill_bytes(0, s)
+        with gw.trace() if traced else _nothing() as t:
+            for i in range(n):
+                k(1, 1, (x, i, float(i) + 0.5) if i % 2 else (x, np.int32(i), np.float32(i + 0.5)), stream=s)
+            s.synchronize()
+        assert np.array_equal(x.copy_to_host(), np.arange(n, dtype=np.float32) + 0.5)
+        if traced:
+            t.wait_pending()
+            assert int((t.table()["kind"] == 4).sum()) >= n  # every launch is a span
+    s.close()
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -437,6 +437,30 @@ class CudaDevice(BackendDevice):
         number = marks.issued = next(marks.numbers)  # StreamMarks.enqueued, inlined
         return LazyCompletion(marks, number)
 
+    def prepare_varying(self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], types: Sequence[type]) -> Any:
+        if self._driver is None or self._capturing:
+            return None
+        return packed(self._driver.launchKernel, kernel.ptr, grid, block, types)
+
+    def launch_varying(self, varying: Any, stream: Any, values: Sequence[Any]) -> Any:
+        if self._get_device() != self._id:  # _use, inlined (this is the launch path)
+            self._rt.setDevice(self._id)
+        ptr = stream.ptr
+        try:
+            varying.launch(ptr, values)
+        except self._driver.CUDADriverError as exc:
+            if exc.status != CONTEXT_ERROR:
+                raise
+            self._rt.setDevice(self._id)  # a thread whose first CUDA call this is: make the context current
+            varying.launch(ptr, values)
+        if self._capturing and ptr in self._capturing:
+            return IN_GRAPH
+        marks = self._marks.get(ptr)
+        if marks is None:
+            return self._mark(stream)
+        number = marks.issued = next(marks.numbers)  # StreamMarks.enqueued, inlined
+        return LazyCompletion(marks, number)
+
     def kernel_arg(self, arg: BufferArg) -> np.uint64:
         """A buffer as a kernel argument: its device pointer (made once per buffer)."""
         return np.uint64(arg.handle)
