@@ -12,8 +12,8 @@ import os
 
 
 def _reattach_s() -> float | None:
-    value = float(os.environ.get("GPUWB_CUPTI_REATTACH_S", "0.1") or "nan")
-    return None if value != value else value  # GPUWB_CUPTI_REATTACH_S= (empty): off
+    value = float(os.environ.get("GPUWB_CUPTI_REATTACH_S", "") or "nan")
+    return None if value != value else value  # unset or empty: off
 
 
 class Tunables:
@@ -27,8 +27,10 @@ class Tunables:
         self.linger_s = float(os.environ.get("GPUWB_CUPTI_LINGER_S", "30"))
         #: Seconds after CUPTI was let go at a CUDA call's exit until it is initialized again on a thread of ours, with
         #: no kind on (``reattach_soon``): the next trace then only enables its kinds (~0.3 ms on an H200) rather than
-        #: attaching (~12–16 ms), while an empty launch pays 1.03–1.04 × what it pays with CUPTI let go (in one
-        #: process; see docs/benchmarks.md). Not in a notebook (``notebook``). None: never (the next trace attaches).
+        #: attaching (~12–16 ms). Off (None) unless ``GPUWB_CUPTI_REATTACH_S`` sets it: initialized, CUPTI costs every
+        #: launch of the process, traced or not (untraced launches of a script right after a trace ran 1.11 × those
+        #: of a process that never traced, H200: docs/benchmarks.md). Never in a notebook (``notebook``), whose
+        #: kernel readies CUPTI between cells.
         self.reattach_s = _reattach_s()
         #: Whether a lingering source is let go at the first untraced call that enqueues device work (a launch, copy
         #: or memset of any library on any thread), rather than lingering on for ``linger_s``.
