@@ -69,7 +69,8 @@ def capture_graph(
             )
         return graph.launch, note, graph.close
     graph.close()
-    if not graph.ops and ran and device.backend_kind.value == "cuda" and "cupy" in sys.modules:
+    if not graph.ops and device.backend_kind.value == "cuda" and "cupy" in sys.modules:  # CuPy's work, whether or
+        # not its spans have come in yet (CUPTI hands over another library's records with their API calls)
         return _capture_cupy(call, device, trace, sync)
     if graph.ops:
         raise InvalidArgument(
