@@ -82,7 +82,7 @@ class CudaDevice(BackendDevice):
         self._pools = (self._timed_events, self._plain_events)
         self._clock_stream = cupy.cuda.Stream(non_blocking=True)
         self._epoch: Epoch | None = None
-        self._stager = Stager(cupy.cuda.alloc_pinned_memory, self._plain_events.take)
+        self._stager = Stager(lambda n: load_cupy().cuda.alloc_pinned_memory(n), self._plain_events.take)
         self._capturing: set[int] = set()  # pointers of streams in stream capture: no timing events recorded there
         self._persistent_lock = threading.Lock()
         self._persistent = 0  # persistent kernels running now: nothing may wait for the whole device meanwhile
