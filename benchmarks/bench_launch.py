@@ -227,9 +227,15 @@ def bench_cuda(dev: gw.Device, rounds: int, count: int) -> dict[str, Any]:
     return out
 
 
+#: Script rounds: each of ours and CuPy's, SCRIPT_GAP_S apart, so that they span the second after the trace's end.
+SCRIPT_ROUNDS, SCRIPT_GAP_S = 30, 0.02
+#: Rounds that start within EARLY_S of the trace's end are "right after" it; after LATE_S, "later".
+EARLY_S, LATE_S = 0.2, 0.5
+
+
 def script_child(kind: str, count: int) -> dict[str, Any]:
     """One fresh process: warm launches, then (``after``) one traced loop, then at once rounds of untraced launches
-    of ours and CuPy's, alternating; µs per launch as medians over the rounds, and ours in the first round."""
+    of ours and CuPy's, alternating, SCRIPT_GAP_S apart; each round's µs per launch and its start after that point."""
     import cupy as cp
 
     dev = gw.Device("cuda:0")
@@ -249,34 +255,52 @@ def script_child(kind: str, count: int) -> dict[str, Any]:
         with gw.trace() as t:
             timed_round(ours, s.synchronize, 2000)
         t.wait_pending()
-    variants = {"gw": lambda: timed_round(ours, s.synchronize, count)[1]}
-    variants["cupy"] = lambda: timed_round(cupys, raw_stream.synchronize, count)[1]
-    times = interleaved(variants, 10)
-    return {"gw_us": statistics.median(times["gw"]), "cupy_us": statistics.median(times["cupy"]),
-            "first_gw_us": times["gw"][0]}  # fmt: skip
+    t0 = time.perf_counter()
+    rounds: dict[str, list[tuple[float, float]]] = {"gw": [], "cupy": []}
+    pair = (("gw", ours, s.synchronize), ("cupy", cupys, raw_stream.synchronize))
+    for r in range(SCRIPT_ROUNDS):
+        for name, fn, sync in pair if r % 2 == 0 else pair[::-1]:
+            at = time.perf_counter() - t0
+            rounds[name].append((at, timed_round(fn, sync, count)[1]))
+        time.sleep(SCRIPT_GAP_S)
+    return {"rounds": rounds, "state": gw.cupti.state().split(":")[0]}
+
+
+def _phase(rounds: list[tuple[float, float]], early: bool) -> float:
+    """The median µs per launch of the rounds right after the trace (early) or later."""
+    return statistics.median(us for at, us in rounds if (at < EARLY_S if early else at > LATE_S))
 
 
 def bench_after_trace(processes: int, count: int) -> dict[str, Any]:
     """Untraced launches right after a trace, in a script, against a process that never traced: ``processes`` fresh
-    processes of each kind, alternating; ratios of ours (each process's median), and ours over CuPy's in each."""
+    processes of each kind, alternating; ours and CuPy's per launch right after (< EARLY_S) and later (> LATE_S), as
+    medians over processes, and the ratios after / never."""
     import json
     import subprocess
 
-    runs: dict[str, list[dict[str, float]]] = {"never": [], "after": []}
+    runs: dict[str, list[dict[str, Any]]] = {"never": [], "after": []}
     for i in range(2 * processes):
         kind = ("never", "after")[(i + i // 2) % 2]  # never, after, after, never, ...
         cmd = [sys.executable, __file__, "--child", kind, "--count", str(count)]
         runs[kind].append(json.loads(subprocess.check_output(cmd).decode().strip().splitlines()[-1]))
-    out: dict[str, Any] = {k: {f: summary([r[f] for r in v]) for f in v[0]} for k, v in runs.items()}
-    after, never = (statistics.median(r["gw_us"] for r in runs[k]) for k in ("after", "never"))
-    out["after_over_never"] = after / never
-    out["gw_over_cupy"] = {k: summary([r["gw_us"] / r["cupy_us"] for r in v]) for k, v in runs.items()}
+    out: dict[str, Any] = {"states_after": [r["state"] for r in runs["after"]]}
+    for kind, done in runs.items():
+        for who in ("gw", "cupy"):
+            for early in (True, False):
+                values = [_phase(r["rounds"][who], early) for r in done]
+                out[f"{kind} {who} {'right after' if early else 'later'} µs"] = statistics.median(values)
+    for who in ("gw", "cupy"):
+        for when in ("right after", "later"):
+            out[f"{who} {when}: after / never"] = out[f"after {who} {when} µs"] / out[f"never {who} {when} µs"]
+    out["after_over_never"] = out["gw right after: after / never"]
     out["target"] = TARGETS["after_trace"]
     out["met"] = out["after_over_never"] <= TARGETS["after_trace"]
-    ratios = out["gw_over_cupy"]
-    print(f"untraced right after a trace / never traced: {after:.2f} / {never:.2f} µs = {out['after_over_never']:.3f}")
-    print(f"  first round after: {out['after']['first_gw_us']['median']:.2f} µs; ours / CuPy's: after "
-          f"{ratios['after']['median']:.3f}, never {ratios['never']['median']:.3f}")  # fmt: skip
+    for who in ("gw", "cupy"):
+        first, later = out[f"{who} right after: after / never"], out[f"{who} later: after / never"]
+        print(f"{who}: untraced right after a trace / never traced "
+              f"{out[f'after {who} right after µs']:.2f} / {out[f'never {who} right after µs']:.2f} µs = "
+              f"{first:.3f}; later {later:.3f}")  # fmt: skip
+    print(f"  CUPTI after the rounds: {', '.join(out['states_after'])}")
     return out
 
 
