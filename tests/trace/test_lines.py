@@ -219,16 +219,17 @@ def test_call_sites_join_calls_of_several_threads_and_keep_each_threads_last_ent
     lines = SourceLines()
     lines.home = 6
     sites = CallSites(lines)
-    us = 1000
-    sites.log += [(5, 1000 * us, 0), (5, 2000 * us, 1), (6, 3000 * us, 2)]  # (thread, time, location)
-    ends = np.array([1100, 2500, 3100, 2900, 3200, 900]) * us  # thread 6's second and thread 5's last: 100 µs early
+    ms = 1_000_000
+    sites.log += [(5, 10 * ms, 0), (5, 20 * ms, 1), (6, 30 * ms, 2)]  # (thread, time, location)
+    early = 2 * SLACK_NS  # thread 6's second and thread 5's last end this long before any entry of their thread
+    ends = np.array([11 * ms, 25 * ms, 31 * ms, 30 * ms - early, 32 * ms, 10 * ms - early])
     got = sites.locate(np.array([5, 5, 6, 6, 7, 5]), np.zeros(6, np.int64), ends)
     assert got.tolist() == [0, 1, 2, -1, 2, -1]  # thread 7 has no entry: the home thread's (6) at its time
     for _ in range(KEEP + 1):  # old entries go, each thread's last stays: that is where the thread still is
-        sites.locate(np.array([5]), np.zeros(1, np.int64), np.array([5000 * us]))
-    assert sites.locate(np.array([5, 6]), np.zeros(2, np.int64), np.array([5000, 5000]) * us).tolist() == [1, 2]
-    assert sites._time.tolist() == [2000 * us, 3000 * us]
-    late = sites.locate(np.array([5, 5]), np.zeros(2, np.int64), np.array([2000 * us - SLACK_NS, 1900 * us]))
+        sites.locate(np.array([5]), np.zeros(1, np.int64), np.array([50 * ms]))
+    assert sites.locate(np.array([5, 6]), np.zeros(2, np.int64), np.array([50, 50]) * ms).tolist() == [1, 2]
+    assert sites._time.tolist() == [20 * ms, 30 * ms]
+    late = sites.locate(np.array([5, 5]), np.zeros(2, np.int64), np.array([20 * ms - SLACK_NS, 20 * ms - early]))
     assert late.tolist() == [1, -1]  # none before: the first entry within the slack after the call's end, not later
 
 
