@@ -28,6 +28,8 @@ from .persistent import PersistentKernel
 from .pipeline import Pipeline, PipelineRun
 from .pykernel import (
     barrier,
+    bf16,
+    f16,
     f32,
     f64,
     group_id,
@@ -49,6 +51,7 @@ from .trace.compare import compare
 from .trace.lines import treat_as_library
 from .trace.recorder import Trace, provide_crossovers
 from .trace.recorder import new_trace as _new_trace
+from .trace.timeit import timeit
 
 
 def trace(
@@ -161,6 +164,8 @@ __all__ = [
     "crossover",
     "devices",
     "elementwise",
+    "bf16",
+    "f16",
     "f32",
     "f64",
     "group_id",
@@ -177,6 +182,7 @@ __all__ = [
     "ops",
     "range",
     "shared",
+    "timeit",
     "trace",
     "treat_as_library",
     "u32",

@@ -69,7 +69,7 @@ def main() -> None:
     b = dev.alloc(1, "float32")
     ptr = np.uint64(b.handle)
     values = (ptr,)
-    bk, bs = k._raw, s._raw
+    bk, bs = k._raw, s.raw
     func = raw.kernel
     prepared = backend.prepare_launch(bk, (1,), (32,), [ptr])
     params = np.array([int(ptr)], dtype=np.uint64)

@@ -111,6 +111,11 @@ class OpenCLDevice(BackendDevice):
         self._clock_offset: int | None = None  # device ns - host ns at the last clock sample (peer copy spans)
         self._peer_queue: Any = None  # reads of this device's buffers for peer copies into other devices
 
+    def lacks_type(self, dtype: str) -> str:
+        if dtype == "float64" and "cl_khr_fp64" not in self._dev.extensions.split():
+            return "its device lacks cl_khr_fp64"
+        return ""  # 16-bit floats are held as bits and converted by vload_half / vstore_half (core OpenCL C)
+
     def memory_info(self) -> tuple[int, int]:
         total = self.info.total_memory
         return total - self._held, total

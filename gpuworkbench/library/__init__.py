@@ -6,7 +6,13 @@ Each op takes NumPy arrays with ``device=`` (copied there and back: the call blo
     c = gw.library.matmul(a, b, device=dev)                      # NumPy in, NumPy out
     a_buf = dev.alloc((m, k)); ...; c_buf = gw.library.matmul(a_buf, b_buf, stream=s)   # Buffers, on stream s
 
-Inputs are float32 (WebGPU's only float); shapes and dtypes that do not fit raise InvalidArgument naming both.
+Every op takes float16, bfloat16 (an ``ml_dtypes.bfloat16`` array), float32 and float64; sum, max, argmax, cumsum
+and transpose take int32 and int64 too. Results follow NumPy: the same dtype, except the sum and cumsum of integers
+(int64, as NumPy's on 64-bit platforms) and argmax's indices (int64; int32 on WebGPU, for Buffers, since WGSL has no
+64-bit integers). 16-bit floats compute and accumulate in float32, float64 in float64, integers in int64. A device
+that cannot hold a dtype says so, naming what it lacks: float64 needs cl_khr_fp64 on OpenCL, float16 the shader-f16
+feature on WebGPU, which has no 64-bit types nor bfloat16. Shapes and dtypes that do not fit raise InvalidArgument
+naming both inputs.
 Row operations (softmax, log_softmax, layer_norm, and sum / max / argmax / cumsum with ``axis=-1``) work along the
 last axis; ``axis=None`` reduces (or for cumsum, scans) the flattened array, as NumPy does.
 
@@ -24,27 +30,29 @@ import numpy as np
 
 from ..device import Device
 from ..errors import InvalidArgument
+from ..pykernel.ktypes import ITEMSIZE, NUMPY_TYPES, numpy_dtype
 from ..streams import Stream
 from . import _kernels as k
-from ._call import Call
+from ._call import NUMBERS, Call
 
 __all__ = ["argmax", "cumsum", "layer_norm", "log_softmax", "matmul", "max", "softmax", "sum", "transpose"]
 
 Array = Any  # a NumPy array or a gw.Buffer
 _METHODS = {"naive": k.matmul_naive, "tiled": k.matmul_tiled}
-_F = 4  # bytes of a float32 (and of argmax's int32)
 
-#: What each kernel's span carries in ``bytes``: the bytes its launch reads and writes (inputs once, output once).
+#: What each kernel's span carries in ``bytes``: the bytes its launch reads and writes (inputs once, output once), with
+#: ``s`` the input's item size (2 for float16 and bfloat16, 4 for float32 and int32, 8 for float64 and int64) and
+#: ``r`` the result's. Kernels of other dtypes than float32 carry the type in their name (``row_sum_i32``).
 KERNEL_BYTES = {
-    "matmul_tiled": "4·(m·k + k·n + m·n): a, b and c",
-    "matmul_naive": "4·(m·k + k·n + m·n): a, b and c",
-    "transpose": "8·rows·cols: x and its transpose",
-    "row_softmax": "8·rows·cols: x and the result (softmax and log_softmax)",
-    "row_layer_norm": "8·rows·cols + 8·cols: x, the result, gamma and beta",
-    "row_sum": "4·rows·cols + 4·rows: x and one result per row",
-    "row_max": "4·rows·cols + 4·rows: x and one result per row",
-    "row_argmax": "4·rows·cols + 4·rows: x and one int32 per row",
-    "row_cumsum": "8·rows·cols: x and the scan",
+    "matmul_tiled": "s·(m·k + k·n + m·n): a, b and c",
+    "matmul_naive": "s·(m·k + k·n + m·n): a, b and c",
+    "transpose": "2·s·rows·cols: x and its transpose",
+    "row_softmax": "2·s·rows·cols: x and the result (softmax and log_softmax)",
+    "row_layer_norm": "2·s·rows·cols + 2·s·cols: x, the result, gamma and beta",
+    "row_sum": "s·rows·cols + r·rows: x and one result per row (r = 8 for the int64 sum of int32)",
+    "row_max": "s·rows·cols + s·rows: x and one result per row",
+    "row_argmax": "s·rows·cols + r·rows: x and one index per row (r = 8, int64; 4 where int32)",
+    "row_cumsum": "(s + r)·rows·cols: x and the scan (r = 8 for the int64 scan of int32)",
 }
 
 
@@ -85,8 +93,8 @@ def matmul(
     """``a @ b`` for 2-D ``a`` (m × k) and ``b`` (k × n): ``method`` "tiled" (register-blocked: 64 × 64 tiles of c per
     block of 16 × 16 threads, 4 × 4 per thread, through shared memory) or "naive" (one thread per element reading
     straight from memory)."""
-    kernel = _METHODS.get(method)
-    if kernel is None:
+    factory = _METHODS.get(method)
+    if factory is None:
         raise InvalidArgument(f"matmul: method {method!r} is not one of {', '.join(_METHODS)}")
     with Call("matmul", {"a": a, "b": b}, device, stream) as call:
         sa, sb = call.shape("a"), call.shape("b")
@@ -100,14 +108,15 @@ def matmul(
         if m and n:
             # the tiled kernel: a thread per 4 × 4 values of c, the launch covering whole BLOCK × BLOCK tiles
             shape = (_round_up(m, k.BLOCK) // 4, _round_up(n, k.BLOCK) // 4) if method == "tiled" else (m, n)
-            kernel.launch(shape, c, ba, bb, m, n, kk, stream=call.stream, nbytes=_F * (m * kk + kk * n + m * n))
+            nbytes = ITEMSIZE[call.type] * (m * kk + kk * n + m * n)
+            factory(call.type).launch(shape, c, ba, bb, m, n, kk, stream=call.stream, nbytes=nbytes)
         return call.result(c)
 
 
 def transpose(x: Array, out: Array | None = None, *, device: Device | str | None = None,
               stream: Stream | None = None) -> Array:  # fmt: skip
     """``x.T`` of a 2-D ``x``, through shared tiles."""
-    with Call("transpose", {"x": x}, device, stream) as call:
+    with Call("transpose", {"x": x}, device, stream, NUMBERS) as call:
         shape = call.shape("x")
         if len(shape) != 2:
             raise InvalidArgument(f"transpose: x is {shape}; it takes a 2-D array")
@@ -117,8 +126,8 @@ def transpose(x: Array, out: Array | None = None, *, device: Device | str | None
         result = call.output(out, (cols, rows))
         bx = call.buffer("x")
         if rows and cols:
-            k.transpose.launch((_round_up(rows, k.TILE), _round_up(cols, k.TILE)), result, bx, rows, cols,
-                               stream=call.stream, nbytes=2 * _F * rows * cols)  # fmt: skip
+            k.transpose(call.type).launch((_round_up(rows, k.TILE), _round_up(cols, k.TILE)), result, bx, rows, cols,
+                                          stream=call.stream, nbytes=2 * ITEMSIZE[call.type] * rows * cols)  # fmt: skip
         return call.result(result)
 
 
@@ -126,7 +135,8 @@ def _softmax(op: str, x: Array, out: Array | None, device: Any, stream: Any, tak
     with Call(op, {"x": x}, device, stream) as call:
         rows, cols, _ = _rows(call, "x", -1)
         result = call.output(out, call.shape("x"))
-        _launch_rows(k.row_softmax, call, rows, 2 * _F * rows * cols, result, call.buffer("x"), cols, take_log)
+        nbytes = 2 * ITEMSIZE[call.type] * rows * cols
+        _launch_rows(k.row_softmax(call.type), call, rows, nbytes, result, call.buffer("x"), cols, take_log)
         return call.result(result)
 
 
@@ -166,27 +176,49 @@ def layer_norm(
             if name in call.inputs:
                 params.append(call.buffer(name))
             else:
-                params.append(call.alloc((builtins.max(cols, 1),)))
-                params[-1].copy_from_host(np.full(builtins.max(cols, 1), fill, np.float32))
-        nbytes = 2 * _F * (rows * cols + cols)
-        _launch_rows(k.row_layer_norm, call, rows, nbytes, result, call.buffer("x"), *params, cols, np.float32(eps))
+                params.append(call.alloc((builtins.max(cols, 1),), call.dtype))
+                params[-1].copy_from_host(np.full(builtins.max(cols, 1), fill, call.dtype))
+        nbytes = 2 * ITEMSIZE[call.type] * (rows * cols + cols)
+        kernel = k.row_layer_norm(call.type)
+        _launch_rows(kernel, call, rows, nbytes, result, call.buffer("x"), *params, cols, float(eps))
         return call.result(result)
 
 
-def _reduce(op: str, kernel: Any, x: Array, axis: int | None, out: Any, device: Any, stream: Any,
-            dtype: Any = np.float32) -> Array:  # fmt: skip
-    with Call(op, {"x": x}, device, stream) as call:
+def _index_type(call: Call) -> str:
+    """argmax's index type: int64 as NumPy's, int32 where the device's kernels have no int64 (WebGPU)."""
+    return "i32" if call.device.backend_device.lacks_type("int64") else "i64"
+
+
+def _result_type(op: str, call: Call) -> str:
+    """The kernel type of a reduction's result, as NumPy's: the sum (and scan) of integers is int64, argmax an index."""
+    if op == "argmax":
+        return _index_type(call)
+    if op in ("sum", "cumsum"):
+        t = k.sum_type(call.type)
+        if t != call.type:
+            call.need(t, f"the {op} of {call.dtype} is {NUMPY_TYPES[t]}, as in NumPy")
+        return t
+    return call.type
+
+
+def _reduce(op: str, factory: Any, x: Array, axis: int | None, out: Any, device: Any, stream: Any) -> Array:
+    with Call(op, {"x": x}, device, stream, NUMBERS) as call:
         rows, cols, shape = _rows(call, "x", axis)
         if cols == 0 and op in ("max", "argmax"):
             raise InvalidArgument(f"{op}: x {call.shape('x')} has no elements to take the {op} of")
-        result = call.output(out, shape or (1,), dtype)
-        _launch_rows(kernel, call, rows, _F * (rows * cols + rows), result, call.buffer("x"), cols)
+        t = _result_type(op, call)
+        host = np.int64 if op == "argmax" else None  # NumPy's indices are int64, whatever the device's are
+        result = call.output(out, shape or (1,), numpy_dtype(t), host)
+        kernel = factory(call.type, t) if op == "argmax" else factory(call.type)
+        nbytes = ITEMSIZE[call.type] * rows * cols + ITEMSIZE[t] * rows
+        _launch_rows(kernel, call, rows, nbytes, result, call.buffer("x"), cols)
         return call.result(result, scalar=not shape and out is None)
 
 
 def sum(x: Array, axis: int | None = None, out: Array | None = None, *, device: Device | str | None = None,
         stream: Stream | None = None) -> Array:  # fmt: skip
-    """The sum along the last axis (``axis=-1``) or of everything (``axis=None``), added as a tree in float32."""
+    """The sum along the last axis (``axis=-1``) or of everything (``axis=None``), added as a tree (in float32 for
+    16-bit floats and float32, float64 for float64, int64 for integers, whose sum is int64 as NumPy's)."""
     return _reduce("sum", k.row_sum, x, axis, out, device, stream)
 
 
@@ -198,16 +230,20 @@ def max(x: Array, axis: int | None = None, out: Array | None = None, *, device: 
 
 def argmax(x: Array, axis: int | None = None, out: Array | None = None, *, device: Device | str | None = None,
            stream: Stream | None = None) -> Array:  # fmt: skip
-    """The index (int32) of the first largest element along the last axis, or in the flattened array."""
-    return _reduce("argmax", k.row_argmax, x, axis, out, device, stream, np.int32)
+    """The index (int64, as NumPy's) of the first largest element along the last axis, or in the flattened array.
+    WebGPU has no int64: its Buffers get int32 indices (NumPy inputs still get int64 back)."""
+    return _reduce("argmax", k.row_argmax, x, axis, out, device, stream)
 
 
 def cumsum(x: Array, axis: int | None = None, out: Array | None = None, *, device: Device | str | None = None,
            stream: Stream | None = None) -> Array:  # fmt: skip
-    """Inclusive prefix sums along the last axis, or of the flattened array (``axis=None``, NumPy's default)."""
-    with Call("cumsum", {"x": x}, device, stream) as call:
+    """Inclusive prefix sums along the last axis, or of the flattened array (``axis=None``, NumPy's default); of
+    integers in int64, as NumPy's."""
+    with Call("cumsum", {"x": x}, device, stream, NUMBERS) as call:
         rows, cols, _ = _rows(call, "x", axis)
         shape = call.shape("x") if axis is not None else (cols,)
-        result = call.output(out, shape)
-        _launch_rows(k.row_cumsum, call, rows, 2 * _F * rows * cols, result, call.buffer("x"), cols)
+        t = _result_type("cumsum", call)
+        result = call.output(out, shape, numpy_dtype(t))
+        nbytes = (ITEMSIZE[call.type] + ITEMSIZE[t]) * rows * cols
+        _launch_rows(k.row_cumsum(call.type), call, rows, nbytes, result, call.buffer("x"), cols)
         return call.result(result)

@@ -1,5 +1,6 @@
 """One library call's plumbing: NumPy arrays uploaded to ``device=`` and results copied back, or Buffers used where
-they are (with their ``shape``); dtype, shape and device checks that name what does not fit."""
+they are (with their ``shape``); dtype, shape and device checks that name what does not fit, the device's included
+(float64 on an OpenCL device without cl_khr_fp64, say)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import numpy as np
 from ..buffer import Buffer
 from ..device import Device
 from ..errors import InvalidArgument
+from ..pykernel.kernel import check_types
+from ..pykernel.ktypes import NUMPY_TYPES, kernel_type
 from ..streams import Stream
 
-FLOAT = np.dtype(np.float32)
+FLOATS = ("f16", "bf16", "f32", "f64")  # what every op takes
+NUMBERS = (*FLOATS, "i32", "i64")  # what sum, max, argmax, cumsum and transpose take
 
 
 def _describe(value: Any) -> str:
@@ -23,12 +27,14 @@ class Call:
     """The inputs of one op on one device. ``with Call(...) as call:`` frees what it uploaded or allocated itself."""
 
     def __init__(
-        self, op: str, inputs: dict[str, Any], device: Device | str | None, stream: Stream | None, dtypes: Any = None
-    ) -> None:
+        self, op: str, inputs: dict[str, Any], device: Device | str | None, stream: Stream | None,
+        takes: tuple[str, ...] = FLOATS,
+    ) -> None:  # fmt: skip
         self.op, self.inputs = op, {k: v for k, v in inputs.items() if v is not None}
         self._temps: list[Buffer] = []
         self._out: np.ndarray | None = None  # NumPy mode: the caller's array to fill
         self._new: Buffer | None = None  # Buffer mode: the output allocated here
+        self._host: np.dtype | None = None  # NumPy mode: the result's dtype where the device's differs
         kinds = {isinstance(v, Buffer) for v in self.inputs.values()}
         for name, v in self.inputs.items():
             if not isinstance(v, (Buffer, np.ndarray)):
@@ -38,7 +44,8 @@ class Call:
                                 self.inputs.items())  # fmt: skip
             raise InvalidArgument(f"{op}: pass all NumPy arrays (with device=) or all Buffers ({spelled})")
         self.numpy = kinds == {False}
-        self._check_dtypes(dtypes or {})
+        self.type = self._check_dtypes(takes)  # the inputs' kernel type ("f32", "i32" ...)
+        self.dtype = next(iter(self.inputs.values())).dtype
         if self.numpy:
             if isinstance(device, str):
                 device = Device(device)
@@ -59,21 +66,31 @@ class Call:
         if stream is not None and (not isinstance(stream, Stream) or stream.device is not device):
             raise InvalidArgument(f"{op}: stream must be a Stream of {device.spec}")
         self.stream = stream or device.default_stream
+        self.need(self.type)
 
-    def _check_dtypes(self, dtypes: dict[str, Any]) -> None:
-        """Every input float32 (or what ``dtypes`` names); a mismatch names both inputs."""
-        floats = [(k, v) for k, v in self.inputs.items() if k not in dtypes]
-        for (k1, v1), (k2, v2) in zip(floats, floats[1:]):
+    def _check_dtypes(self, takes: tuple[str, ...]) -> str:
+        """The inputs' one kernel type, among ``takes``; a mismatch names both inputs."""
+        items = list(self.inputs.items())
+        for (k1, v1), (k2, v2) in zip(items, items[1:]):
             if v1.dtype != v2.dtype:
-                raise InvalidArgument(f"{self.op}: {k1} is {_describe(v1)}, {k2} is {_describe(v2)}; both must be "
-                                      "float32")  # fmt: skip
-        for k, v in self.inputs.items():
-            want = np.dtype(dtypes.get(k, FLOAT))
-            if v.dtype != want:
-                raise InvalidArgument(
-                    f"{self.op}: {k} is {_describe(v)}; it must be {want} (WebGPU's only float, and the library's): "
-                    f"convert with .astype(np.{want})"
-                )
+                raise InvalidArgument(f"{self.op}: {k1} is {_describe(v1)}, {k2} is {_describe(v2)}; they must have "
+                                      "one dtype")  # fmt: skip
+        name, value = items[0]
+        t = kernel_type(value.dtype)
+        if t not in takes:
+            spelled = [NUMPY_TYPES[k] for k in takes]
+            raise InvalidArgument(
+                f"{self.op}: {name} is {_describe(value)}; it takes {', '.join(spelled[:-1])} or {spelled[-1]}"
+            )
+        return t
+
+    def need(self, t: str, why: str = "") -> None:
+        """InvalidArgument naming the device and what it lacks where its kernels cannot hold kernel type ``t``;
+        ``why`` says why the op needs it, where the inputs are not of that type."""
+        try:
+            check_types(self.device, {t}, self.op)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{exc}{f' ({why})' if why else ''}") from None
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.inputs[name].shape)
@@ -89,14 +106,19 @@ class Call:
         self.inputs[name] = buf
         return buf
 
-    def alloc(self, shape: tuple[int, ...], dtype: Any = FLOAT) -> Buffer:
+    def alloc(self, shape: tuple[int, ...], dtype: Any) -> Buffer:
         buf = self.device.alloc(shape, dtype)
         self._temps.append(buf)
         return buf
 
-    def output(self, out: Any, shape: tuple[int, ...], dtype: Any = FLOAT) -> Buffer:
-        """Where the result goes: ``out`` (checked) or a new Buffer; in NumPy mode a device buffer copied back."""
-        dtype, shape = np.dtype(dtype), shape or (1,)
+    def output(self, out: Any, shape: tuple[int, ...], dtype: Any = None, host: Any = None) -> Buffer:
+        """Where the result goes: ``out`` (checked) or a new Buffer; in NumPy mode a device buffer copied back.
+        ``dtype``: the result's (None: the inputs'); ``host``: in NumPy mode, the dtype the caller gets where the
+        device's differs (argmax's int64 indices from WebGPU's int32)."""
+        dtype, shape = self.dtype if dtype is None else np.dtype(dtype), shape or (1,)
+        device_dtype = dtype
+        if self.numpy and host is not None:
+            dtype, self._host = np.dtype(host), np.dtype(host)
         if out is not None:
             kind = np.ndarray if self.numpy else Buffer
             if not isinstance(out, kind):
@@ -113,7 +135,7 @@ class Call:
                     raise InvalidArgument(f"{self.op}: out is on {out.device.spec}, the inputs on {self.device.spec}")
                 return out
         if self.numpy:
-            return self.alloc(shape, dtype)
+            return self.alloc(shape, device_dtype)
         self._new = self.device.alloc(shape, dtype)  # the caller's once returned; freed here only on failure
         return self._new
 
@@ -122,10 +144,16 @@ class Call:
         if not self.numpy:
             self._new = None
             return buf
-        if self._out is not None:
+        if self._host is not None and self._host != buf.dtype:
+            host = buf.copy_to_host().astype(self._host)
+            if self._out is not None:
+                self._out.reshape(-1)[:] = host.reshape(-1)
+                return self._out
+        elif self._out is not None:
             buf.copy_to_host(self._out.reshape(-1))
             return self._out
-        host = buf.copy_to_host()
+        else:
+            host = buf.copy_to_host()
         return host.reshape(-1)[0] if scalar else host
 
     def __enter__(self) -> Call:

@@ -1,6 +1,7 @@
 """Where ``gw.crossover`` keeps its results: one JSON file in the user's cache directory (``GPUWB_CACHE_DIR``, else
 platformdirs' user cache directory, else ``~/.cache/gpuworkbench``), per device (backend and name) and library
-version; and reading them back, for a result or for a trace's advice (``cached_crossovers``)."""
+version, each op under its name for float32 and "name:dtype" for other dtypes; and reading them back, for a result
+or for a trace's advice (``cached_crossovers``, every dtype: their kernels carry the type in their names)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ..device import Device
+from ..pykernel.ktypes import NUMPY_TYPES, kernel_type
 from ..trace.analysis import CrossoverPoint
-from .crossover_ops import OPS, check_ops
+from .crossover_ops import OPS, check_dtype, check_ops, op_for
 from .crossover_result import CrossoverResult
 
 CACHE_ENV = "GPUWB_CACHE_DIR"
@@ -96,6 +98,11 @@ def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
         raise
 
 
+def op_key(op: str, dtype: str = "float32") -> str:
+    """Where an op's runs on inputs of ``dtype`` are cached: its name for float32, "name:dtype" otherwise."""
+    return op if dtype == "float32" else f"{op}:{dtype}"
+
+
 def sizes_key(sizes: Sequence[int] | None) -> str:
     """How a run's sizes are keyed in the cache: "default", or the sizes asked for."""
     return "default" if sizes is None else ",".join(map(str, sizes))
@@ -109,14 +116,18 @@ def store(path: Path, key: str, dev: Device, measured: dict[str, dict[str, Any]]
     _write_cache(path, key, entry)
 
 
-def cached_result(device: Device | str, ops: str | Sequence[str] | None = None) -> CrossoverResult | None:
-    """The cached measurements of ``device`` (the default sizes' where several were measured, else the widest
-    range), without measuring anything; None when none is cached for this library version."""
+def cached_result(
+    device: Device | str, ops: str | Sequence[str] | None = None, dtype: Any = "float32"
+) -> CrossoverResult | None:
+    """The cached measurements of ``device`` on inputs of ``dtype`` (the default sizes' where several were
+    measured, else the widest range), without measuring anything; None when none is cached for this library
+    version."""
     dev = Device(device) if isinstance(device, str) else device
-    return _cached(dev.backend_kind.value, dev.name, dev.spec, check_ops(ops))
+    names = check_ops(ops)
+    return _cached(dev.backend_kind.value, dev.name, dev.spec, names, check_dtype(names, dtype))
 
 
-def _cached(backend: str, name: str, spec: str, ops: list[str]) -> CrossoverResult | None:
+def _cached(backend: str, name: str, spec: str, ops: list[str], dtype: str = "float32") -> CrossoverResult | None:
     entry = read_cache(cache_path())["devices"].get(device_key(backend, name))
     if not entry:
         return None
@@ -129,15 +140,17 @@ def _cached(backend: str, name: str, spec: str, ops: list[str]) -> CrossoverResu
         units={},
         kernels={},
         cache_file=str(cache_path()),
+        dtype=dtype,
     )
     for op in ops:
-        runs = entry.get("ops", {}).get(op)
+        runs = entry.get("ops", {}).get(op_key(op, dtype))
         if not runs:
             continue
         best = runs.get("default") or max(
             runs.values(), key=lambda run: max((r["size"] for r in run["rows"]), default=0)
         )
-        result.units[op], result.kernels[op], result.from_cache[op] = OPS[op].unit, OPS[op].kernel, True
+        result.units[op], result.from_cache[op] = OPS[op].unit, True
+        result.kernels[op] = op_for(op, dtype).kernel
         result.rows += [dict(r, op=op) for r in best["rows"]]
     return result if result.rows else None
 
@@ -148,7 +161,19 @@ def cached_crossovers(trace: Any) -> dict[int, dict[str, CrossoverPoint]]:
     found = {}
     for number, clock in getattr(trace, "devices", {}).items():
         backend = str(clock.key).split(":", 1)[0]
-        result = _cached(backend, clock.name, clock.key, list(OPS))
-        if result is not None:
-            found[int(number)] = result.points()
+        entry = read_cache(cache_path())["devices"].get(device_key(backend, clock.name)) or {}
+        dtypes = {key.partition(":")[2] or "float32" for key in entry.get("ops", {})}
+        points: dict[str, CrossoverPoint] = {}
+        for dtype in sorted(dtypes, key=lambda d: d != "float32"):
+            if kernel_type(dtype) is None:
+                continue  # a dtype this process cannot name (bfloat16 without ml_dtypes)
+            result = _cached(backend, clock.name, clock.key, [op for op in OPS if dtype in _names(op)], dtype)
+            if result is not None:
+                points.update(result.points())
+        if points:
+            found[int(number)] = points
     return found
+
+
+def _names(op: str) -> set[str]:
+    return {NUMPY_TYPES[t] for t in OPS[op].takes}

@@ -8,10 +8,11 @@ and stop before a size that would not fit half the device's free memory or the t
 size's steady cost, its medians without one-off costs such as a first compile, by the op's work: n³ for matmul, the
 element count otherwise).
 
-Results are cached per device (backend and name) and library version in ``crossover.json`` in the user's cache
-directory (``GPUWB_CACHE_DIR``, else platformdirs' user cache directory, else ``~/.cache/gpuworkbench``); a cached op
-is reused unless ``refresh=True``. ``cached_crossovers(trace)`` reads them back for ``summarize(crossover=...)``, whose
-advice ``too-small-for-gpu`` names library ops that ran below their crossover.
+Each op runs on inputs of one dtype (float32 unless ``dtype=`` says otherwise); NumPy's side computes in that dtype
+too. Results are cached per device (backend and name), library version and dtype in ``crossover.json`` in the user's
+cache directory (``GPUWB_CACHE_DIR``, else platformdirs' user cache directory, else ``~/.cache/gpuworkbench``); a
+cached op is reused unless ``refresh=True``. ``cached_crossovers(trace)`` reads them back for
+``summarize(crossover=...)``, whose advice ``too-small-for-gpu`` names library ops that ran below their crossover.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from ..buffer import Buffer
 from ..device import Device
 from ..errors import InvalidArgument
 from ..streams import Stream
-from .crossover_cache import cache_path, device_key, library_version, read_cache, sizes_key, store
-from .crossover_ops import OPS, CrossoverOp, check_ops, sizes_for
+from .crossover_cache import cache_path, device_key, library_version, op_key, read_cache, sizes_key, store
+from .crossover_ops import OPS, CrossoverOp, check_dtype, check_ops, op_for, sizes_for
 from .crossover_result import COLUMNS, CrossoverResult
 
 MEMORY_SHARE = 0.5  # a size runs only if its buffers (resident and a copy call's) fit this share of free memory
@@ -42,11 +43,19 @@ def _median_ns(samples: list[int]) -> float:
     return float(np.median(samples)) / 1e9
 
 
-def _close(got: np.ndarray, want: np.ndarray) -> bool:
+def _close(got: np.ndarray, want: np.ndarray, rtol: float = 1e-2) -> bool:
     """Loose agreement (float32 sums in another order); a wrong kernel is far off."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    got, want = np.asarray(got).astype(np.float64), np.asarray(want).astype(np.float64)
     scale = float(np.abs(want).max()) if want.size else 0.0
-    return got.shape == want.shape and bool(np.allclose(got, want, rtol=1e-2, atol=1e-3 * max(scale, 1.0)))
+    return got.shape == want.shape and bool(np.allclose(got, want, rtol=rtol, atol=rtol / 10 * max(scale, 1.0)))
+
+
+def _reference(spec: CrossoverOp, inputs: dict[str, np.ndarray], want: Any) -> tuple[Any, float]:
+    """What the device's result is checked against, and how closely: NumPy's own answer, except for 16-bit floats,
+    which NumPy may accumulate in their own precision: their answer in float64, within 2 %."""
+    if spec.dtype not in ("float16", "bfloat16"):
+        return want, 1e-2
+    return spec.numpy({k: v.astype(np.float64) for k, v in inputs.items()}), 2e-2
 
 
 def _measure(
@@ -59,7 +68,7 @@ def _measure(
     out = dev.alloc(shape, dtype)
     try:
         for name, host in inputs.items():
-            buffers[name] = dev.alloc(host.shape)
+            buffers[name] = dev.alloc(host.shape, host.dtype)
             buffers[name].copy_from_host(host.reshape(-1))
 
         def on_device() -> None:
@@ -75,7 +84,7 @@ def _measure(
         on_device()
         got = cases[2]()
         warning = None
-        if not _close(got, want):
+        if not _close(got, *_reference(spec, inputs, want)):
             warning = f"{spec.name} at {op_size(size, spec.unit)}: the device's result differs from NumPy's"
         samples: list[list[int]] = [[], [], []]
         for r in range(repeats):
@@ -119,6 +128,7 @@ def crossover(
     refresh: bool = False,
     progress: bool | None = None,
     seed: int = 0,
+    dtype: Any = "float32",
 ) -> CrossoverResult:
     """Time library ops on ``device`` (default ``gw.Device()``), with and without copies, against NumPy on the
     host over ``sizes`` (default per op: matmul n = 8..4096, the others 2^8..2^26 elements in steps of 4×).
@@ -126,9 +136,12 @@ def crossover(
     ``op``: a library op's name, several, or None / "all" (matmul, transpose, softmax, log_softmax, layer_norm,
     sum, max, argmax, cumsum); ``sizes``: one list for every op or a dict per op; ``repeats``: timed runs per case
     (median); ``budget_s``: seconds per op before larger sizes are skipped; ``refresh``: measure even where cached;
-    ``progress``: a bar in a notebook (None: only there), lines of text elsewhere when True.
+    ``progress``: a bar in a notebook (None: only there), lines of text elsewhere when True; ``dtype``: the inputs'
+    dtype (float16, bfloat16, float32, float64; int32 and int64 for sum, max, argmax, cumsum and transpose), cached
+    apart from the others'.
     """
     ops = check_ops(op)
+    dtype = check_dtype(ops, dtype)
     asked = sizes_for(ops, sizes)
     if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
         raise InvalidArgument(f"crossover: repeats must be a positive int, not {repeats!r}")
@@ -137,6 +150,13 @@ def crossover(
     dev = Device(device) if isinstance(device, str) or device is None else device
     if not isinstance(dev, Device):
         raise InvalidArgument(f"crossover: device must be a gw.Device or a spec such as 'opencl:0', not {device!r}")
+    index = "i32" if dev.backend_device.lacks_type("int64") else "i64"  # argmax's indices there
+    specs = {name: op_for(name, dtype, index) for name in ops}
+    for name in ops:  # the inputs' dtype and the result's (the int64 sum of int32)
+        for held in dict.fromkeys((dtype, np.dtype(specs[name].out(1)[1]).name)):
+            why = dev.backend_device.lacks_type(held)
+            if why:
+                raise InvalidArgument(f"crossover: {name} of {dtype}: {dev.spec} ({dev.name}) has no {held}: {why}")
     version = library_version()
     key = device_key(dev.backend_kind.value, dev.name, version)
     path = cache_path()
@@ -149,12 +169,13 @@ def crossover(
         version=version,
         rows=[],
         units={name: OPS[name].unit for name in ops},
-        kernels={name: OPS[name].kernel for name in ops},
+        kernels={name: specs[name].kernel for name in ops},
         cache_file=str(path),
+        dtype=dtype,
     )
     todo = []
     for name in ops:
-        hit = None if refresh else cached_ops.get(name, {}).get(sizes_key(asked[name]))
+        hit = None if refresh else cached_ops.get(op_key(name, dtype), {}).get(sizes_key(asked[name]))
         result.from_cache[name] = hit is not None
         if hit is not None:
             result.rows += [dict(r, op=name) for r in hit["rows"]]
@@ -173,7 +194,7 @@ def crossover(
     measured: dict[str, dict[str, Any]] = {}
     try:
         for name in todo:
-            spec, rows, skipped = OPS[name], [], []
+            spec, rows, skipped = specs[name], [], []
             spent, last = 0.0, None  # seconds this op took so far; (size, seconds) of the last size measured
             for size in plan[name]:
                 what = f"{name} {op_size(size, spec.unit)}"
@@ -208,7 +229,7 @@ def crossover(
                 )
             result.rows += rows
             result.skipped += [(name, size, why) for size, why in skipped]
-            measured[name] = {
+            measured[op_key(name, dtype)] = {
                 "sizes": asked[name],
                 "repeats": int(repeats),
                 "budget_s": float(budget_s),

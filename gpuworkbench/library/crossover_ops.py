@@ -1,19 +1,22 @@
 """The problems ``gw.crossover`` times: each library op as a problem of one size (its inputs, NumPy's answer, the
 device call, the bytes its kernel moves and its relative work), the default sizes, and the checks of what a caller
-asks for."""
+asks for. ``OPS`` holds float32's problems; ``op_for`` makes one op's problem for another dtype (its inputs cast, its
+result's dtype as the library gives it, its kernel's name and bytes)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .. import library as lib
 from ..errors import InvalidArgument
+from ..pykernel.ktypes import ITEMSIZE, NUMPY_TYPES, kernel_type, numpy_dtype
 from . import _kernels as k
+from ._call import FLOATS, NUMBERS
 
 ROW = 1024  # row length of the row operations' problems (shorter when the size does not divide by it)
 MAX_ELEMENTS = 2**31 - 1  # kernel extents are 32-bit
@@ -33,6 +36,10 @@ class CrossoverOp:
     out: Callable[[int], tuple[tuple[int, ...], Any]]  # the result's shape and dtype
     nbytes: Callable[[int], int]  # what the kernel reads and writes: the span's ``bytes`` (library.KERNEL_BYTES)
     work: Callable[[int], float]  # relative cost, to predict the next size's time
+    # the bytes for item sizes s (the input's) and r (the result's): nbytes is typed_bytes(size, 4, 4) for float32
+    typed_bytes: Callable[[int, int, int], int] = lambda size, s, r: 0
+    takes: tuple[str, ...] = FLOATS  # the kernel types the op takes
+    dtype: str = "float32"
 
 
 def row_shape(size: int) -> tuple[int, int]:
@@ -89,17 +96,21 @@ def _per_row(dtype: Any) -> Callable[[int], tuple[tuple[int, ...], Any]]:
 def _row_op(
     name: str, kernel: Any, numpy: Callable[..., np.ndarray], call: Callable[..., Any], **kw: Any
 ) -> CrossoverOp:
+    out = kw.pop("out", _same)
+    typed = kw.pop("typed_bytes", lambda size, s, r: 2 * s * size)
     return CrossoverOp(
         name=name,
-        kernel=kernel.name,
+        kernel=kernel().name,
         unit="elements",
         defaults=_VECTOR_SIZES,
         inputs=kw.pop("inputs", _rows_input),
         numpy=lambda a: numpy(**a),
         call=call,
-        out=kw.pop("out", _same),
-        nbytes=kw.pop("nbytes", lambda s: 8 * s),
+        out=out,
+        nbytes=lambda size: typed(size, 4, np.dtype(out(size)[1]).itemsize),
         work=lambda s: float(s),
+        typed_bytes=typed,
+        takes=kw.pop("takes", FLOATS),
     )
 
 
@@ -113,7 +124,8 @@ def _per_row_op(
         numpy,
         lambda **kw: call(**kw, axis=-1),
         out=_per_row(dtype),
-        nbytes=lambda s: 4 * s + 4 * row_shape(s)[0],
+        typed_bytes=lambda size, s, r: s * size + r * row_shape(size)[0],
+        takes=NUMBERS,
     )
 
 
@@ -122,7 +134,7 @@ OPS: dict[str, CrossoverOp] = {
     for op in (
         CrossoverOp(
             name="matmul",
-            kernel=k.matmul_tiled.name,
+            kernel=k.matmul_tiled().name,
             unit="n",
             defaults=_MATMUL_SIZES,
             inputs=_matrix,
@@ -131,6 +143,7 @@ OPS: dict[str, CrossoverOp] = {
             out=lambda n: ((n, n), np.float32),
             nbytes=lambda n: 12 * n * n,
             work=lambda n: float(n) ** 3,
+            typed_bytes=lambda n, s, r: 3 * s * n * n,
         ),
         _row_op(
             "transpose",
@@ -138,6 +151,7 @@ OPS: dict[str, CrossoverOp] = {
             lambda x: np.ascontiguousarray(x.T),
             lib.transpose,
             out=lambda s: (row_shape(s)[::-1], np.float32),
+            takes=NUMBERS,
         ),
         _row_op("softmax", k.row_softmax, _np_softmax, lib.softmax),
         _row_op("log_softmax", k.row_softmax, _np_log_softmax, lib.log_softmax),
@@ -147,12 +161,19 @@ OPS: dict[str, CrossoverOp] = {
             _np_layer_norm,
             lib.layer_norm,
             inputs=_layer_norm_input,
-            nbytes=lambda s: 8 * s + 8 * row_shape(s)[1],
+            typed_bytes=lambda size, s, r: 2 * s * (size + row_shape(size)[1]),
         ),
         _per_row_op("sum", k.row_sum, lambda x: x.sum(axis=-1), lib.sum),
         _per_row_op("max", k.row_max, lambda x: x.max(axis=-1), lib.max),
-        _per_row_op("argmax", k.row_argmax, lambda x: x.argmax(axis=-1), lib.argmax, np.int32),
-        _row_op("cumsum", k.row_cumsum, lambda x: np.cumsum(x, axis=-1), lambda **kw: lib.cumsum(**kw, axis=-1)),
+        _per_row_op("argmax", k.row_argmax, lambda x: x.argmax(axis=-1), lib.argmax, np.int64),
+        _row_op(
+            "cumsum",
+            k.row_cumsum,
+            lambda x: np.cumsum(x, axis=-1),
+            lambda **kw: lib.cumsum(**kw, axis=-1),
+            typed_bytes=lambda size, s, r: (s + r) * size,
+            takes=NUMBERS,
+        ),
     )
 }
 
@@ -202,3 +223,41 @@ def sizes_for(ops: list[str], sizes: Any) -> dict[str, list[int] | None]:
             )
         return {op: _check_sizes(op, sizes.get(op)) for op in ops}
     return {op: _check_sizes(op, sizes) for op in ops}
+
+
+def check_dtype(ops: list[str], dtype: Any) -> str:
+    """``dtype``'s name, checked against every op asked for; InvalidArgument naming the op that does not take it."""
+    t = kernel_type(dtype)
+    name = NUMPY_TYPES[t] if t is not None else str(dtype)
+    for op in ops:
+        if t not in OPS[op].takes:
+            takes = ", ".join(NUMPY_TYPES[x] for x in OPS[op].takes)
+            raise InvalidArgument(f"crossover: {op} does not take {name}; it takes {takes}")
+    return name
+
+
+def _cast(values: np.ndarray, t: str) -> np.ndarray:
+    """Standard normal inputs as kernel type ``t``: integers scaled to whole numbers from about -100 to 100."""
+    if t.startswith("i"):
+        return np.rint(values * 32).astype(numpy_dtype(t))
+    return values.astype(numpy_dtype(t))
+
+
+def op_for(name: str, dtype: str, index: str = "i64") -> CrossoverOp:
+    """``OPS[name]`` for inputs of ``dtype`` (checked by ``check_dtype``); ``index``: argmax's index type on the
+    device (int32 where it has no int64)."""
+    base = OPS[name]
+    if dtype == "float32" and (name != "argmax" or index == "i64"):
+        return base
+    t = kernel_type(dtype)
+    result = index if name == "argmax" else k.sum_type(t) if name in ("sum", "cumsum") else t
+    s, r = ITEMSIZE[t], ITEMSIZE[result]
+    inputs = base.inputs
+    return replace(
+        base,
+        kernel=f"{base.kernel}_{t}" if t != "f32" else base.kernel,
+        inputs=lambda size, rng: {key: _cast(v, t) for key, v in inputs(size, rng).items()},
+        out=lambda size: (base.out(size)[0], numpy_dtype(result)),
+        nbytes=lambda size: base.typed_bytes(size, s, r),
+        dtype=dtype,
+    )

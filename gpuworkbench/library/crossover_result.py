@@ -62,6 +62,7 @@ class CrossoverResult:
     from_cache: dict[str, bool] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     cache_file: str | None = None
+    dtype: str = "float32"  # the inputs' dtype
 
     @property
     def ops(self) -> list[str]:
@@ -163,7 +164,7 @@ class CrossoverResult:
     def _header(self) -> str:
         cached = [op for op, hit in self.from_cache.items() if hit]
         note = f"; cached: {', '.join(cached)} (refresh=True measures again)" if cached else ""
-        return f"crossover on {self.device} ({self.device_name}){note}"
+        return f"crossover on {self.device} ({self.device_name}), {self.dtype}{note}"
 
     def _cells(self) -> list[list[str]]:
         cells = []

@@ -13,9 +13,13 @@ One definition, every backend, the same results::
 
 **Parameters** (each annotated): first the thread index, ``i: gw.index`` (1-D) or ``x: gw.index, y: gw.index`` (2-D,
 x along a row); then arrays ``gw.f32[:]``, 2-D arrays ``gw.f32[:, :]`` (the launch shape) or ``gw.f32[:, gw.width.w]``
-(rows of ``w`` elements, ``w`` an integer parameter), and scalars ``gw.f32``. Element types: f32, f64, i32, u32, i64
-(WebGPU has f32, i32, u32 only). 2-D arrays are indexed ``a[row, col]``, i.e. ``a[y, x]``; a 2-D launch takes NumPy's
-shape ``(rows, cols)``, so ``k.launch(img.shape, ...)`` runs x over columns and y over rows.
+(rows of ``w`` elements, ``w`` an integer parameter), and scalars ``gw.f32``. Element types: f32, f64, i32, u32,
+i64, and the 16-bit floats f16 and bf16 (WebGPU has f32, i32, u32, and f16 where the adapter has shader-f16; f64 needs
+cl_khr_fp64 on OpenCL). f16 and bf16 are storage: arrays, shared arrays and locals (``t: gw.f16 = 0``) hold them, a
+value read from one computes as f32, and a store rounds to the nearest (``gw.f16(x)`` rounds too); scalar parameters
+are never 16-bit. bfloat16 arrays need ``ml_dtypes`` (NumPy has no bfloat16). 2-D arrays are indexed
+``a[row, col]``, i.e. ``a[y, x]``; a 2-D launch takes NumPy's shape ``(rows, cols)``, so ``k.launch(img.shape, ...)``
+runs x over columns and y over rows.
 
 **The body**: arithmetic, comparisons, ``and or not``, ``a if c else b``, ``if/elif/else``, ``for k in range(...)``,
 array reads and writes (``a[i]``, ``a[y, x]``, ``a[i] += v``), locals (typed by their first assignment, or declared as
@@ -83,7 +87,7 @@ The package: ``reader``, ``expressions`` and ``statements`` translate a function
 from __future__ import annotations
 
 from .kernel import PythonKernel, kernel
-from .ktypes import ArrayType, IndexType, ScalarType, f32, f64, i32, i64, index, u32, width
+from .ktypes import ArrayType, IndexType, ScalarType, bf16, f16, f32, f64, i32, i64, index, u32, width
 from .words import barrier, group_id, group_size, local_id, num_groups, shared
 
 # grouped as the guide above reads: the decorator, the signature's types, the words of cooperative kernels
@@ -94,6 +98,8 @@ __all__ = [
     "width",
     "f32",
     "f64",
+    "f16",
+    "bf16",
     "i32",
     "u32",
     "i64",

@@ -7,6 +7,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import GpuError
+from .ktypes import BFLOAT16
+
+bfloat16 = BFLOAT16  # ml_dtypes' bfloat16 (None where ml_dtypes is not installed: no bf16 kernel runs then)
 
 
 def narrow(lanes: np.ndarray | None, cond: Any) -> np.ndarray:

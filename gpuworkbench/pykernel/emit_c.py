@@ -13,13 +13,31 @@ import numpy as np
 
 from ..kernels import c_types
 from . import ir as node
-from .ktypes import FLOATS, NUMPY_TYPES, SCALAR_TYPES
+from .ktypes import FLOATS, HALVES, NUMPY_TYPES, SCALAR_TYPES
 from .spelling import ARITH, bare, float_text
 
+# 16-bit floats are held as their bits (an unsigned short) and converted to and from f32 by helpers written into the
+# source: no header (NVRTC finds cuda_fp16.h only where the toolkit's headers are on its path), and OpenCL C needs no
+# cl_khr_fp16 for vload_half / vstore_half.
 C_TYPES = {
-    lang: {t: c_types.C_TYPES[lang][NUMPY_TYPES[t]] for t in SCALAR_TYPES}
+    lang: {t: c_types.C_TYPES[lang][NUMPY_TYPES[t]] for t in SCALAR_TYPES if t not in HALVES}
     | {"bool": "bool", "isize": c_types.C_TYPES[lang]["int64"]}
+    | dict.fromkeys(HALVES, c_types.C_TYPES[lang]["uint16"])
     for lang in ("cuda", "opencl")
+}
+# (dialect, from, to) -> the helper's body; ``h`` is the 16-bit pattern, ``f`` the float
+_HALF_HELPERS = {
+    ("cuda", "f16", "f32"): 'float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;',
+    ("cuda", "f32", "f16"): 'unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;',
+    ("opencl", "f16", "f32"): "return vload_half(0, (const __private half*)&h);",
+    ("opencl", "f32", "f16"): "ushort h; vstore_half_rte(f, 0, (__private half*)&h); return h;",
+    ("cuda", "bf16", "f32"): "return __uint_as_float(((unsigned int)h) << 16);",
+    ("opencl", "bf16", "f32"): "return as_float(((uint)h) << 16);",
+    # round to nearest even; a NaN stays a (quiet) NaN
+    ("cuda", "f32", "bf16"): "unsigned int u = __float_as_uint(f); return (unsigned short)((u & 0x7fffffffu) > "
+    "0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
+    ("opencl", "f32", "bf16"): "uint u = as_uint(f); return (ushort)((u & 0x7fffffffu) > 0x7f800000u ? "
+    "(u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
 }
 _CUDA_BUILTINS = {"local_id": "threadIdx", "group_id": "blockIdx", "group_size": "blockDim", "num_groups": "gridDim"}
 _OPENCL_BUILTINS = {
@@ -90,6 +108,17 @@ class CSource:
         params = {"abs": f"{ct} a", "clamp": f"{ct} a, {ct} lo, {ct} hi"}.get(kind, f"{ct} a, {ct} b")
         return f"{q} {ct} {name}({params}) {{ {body} }}"
 
+    def convert(self, x: node.Cast) -> str:
+        """A conversion between f32 and a 16-bit float (its bits), through a helper written into the source."""
+        src, dst = x.operand.type, x.type
+        name = f"gw_{src}_to_{dst}"
+        if ("convert", name) not in self.helpers:
+            q = "static __device__ __forceinline__" if self.dialect == "cuda" else "static inline"
+            param = f"{self.types[src]} {'h' if src in HALVES else 'f'}"
+            body = _HALF_HELPERS[(self.dialect, src, dst)]
+            self.helpers[("convert", name)] = f"{q} {self.types[dst]} {name}({param}) {{ {body} }}"
+        return f"{name}({bare(self.e(x.operand))})"
+
     def divides_infix(self, x: node.Binary) -> bool:
         """Whether ``//`` or ``%`` is C's own operator here (unsigned: floor and truncation agree)."""
         return x.type == "u32"
@@ -141,6 +170,8 @@ class CSource:
         if isinstance(x, node.Call):
             return f"{self.function(x.func, x.type)}({', '.join(bare(self.e(a)) for a in x.args)})"
         if isinstance(x, node.Cast):
+            if x.type in HALVES or x.operand.type in HALVES:
+                return self.convert(x)
             return f"({self.types[x.type]}){self.atom(x.operand)}"
         if isinstance(x, node.Builtin):
             if self.dialect == "cuda":

@@ -42,6 +42,8 @@ _NUMPY_BUILTINS = {"local_id": "gw_l", "group_id": "gw_g", "group_size": "gw_b",
 
 
 def _np_type(t: str) -> str:
+    if t == "bf16":  # NumPy has none: ml_dtypes' (cpu_runtime.bfloat16)
+        return "gw_rt.bfloat16"
     return "np.bool_" if t == "bool" else f"np.{NUMPY_TYPES[t]}"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .ir import Binary, Builtin, Call, Cast, Compare, Const, Expr, Load, Param, Select, Unary, Var
-from .ktypes import FLOATS, INT_RANGE, INTS, NUMPY_TYPES, ScalarType
+from .ktypes import FLOATS, HALVES, INT_RANGE, INTS, ScalarType, kernel_type
 from .names import FLOAT_FUNCTIONS, FUNCTIONS, KNOWN
 from .reader import MISSING, Reader
 from .words import BLOCK_PLACES, barrier, shared
@@ -105,9 +105,15 @@ class ExpressionTranslator(Reader):
     def cast(self, e: Expr, t: str, node: ast.AST) -> Expr:
         if e.type == t:
             return e
+        if t in HALVES:  # rounding to a 16-bit float starts from f32 (there are no 16-bit literals)
+            return Cast(self.cast(e, "f32", node), t)
         if isinstance(e, Const):
             return Const(self.convert(e.value, t, node), t)
         return Cast(e, t)
+
+    def read(self, e: Expr) -> Expr:
+        """A value as it computes: a 16-bit float (an array element, a local) is read as f32."""
+        return Cast(e, "f32") if e.type in HALVES else e
 
     def truth(self, e: Expr, node: ast.AST) -> Expr:
         if e.type == "bool":
@@ -142,15 +148,17 @@ class ExpressionTranslator(Reader):
         if isinstance(value, float):
             return Const(value, "float")
         if isinstance(value, np.generic):
-            for t, dt in NUMPY_TYPES.items():
-                if t != "isize" and value.dtype == np.dtype(dt):
-                    return Const(value.item(), t)
+            t = kernel_type(value.dtype)
+            if t in HALVES:  # a 16-bit float computes as f32
+                return Const(float(value), "f32")
+            if t is not None:
+                return Const(value.item(), t)
         return None
 
     def expr_Name(self, node: ast.Name) -> Expr:
         name = node.id
         if name in self.vars:
-            return self.vars[name]
+            return self.read(self.vars[name])
         if name in self.arrays:
             self.fail(node, f"array {name!r} must be indexed: {name}[i]")
         if name in self.finished_loops or name in self.loop_names:
@@ -260,6 +268,16 @@ class ExpressionTranslator(Reader):
     def expr_BoolOp(self, node: ast.BoolOp) -> Expr:
         op = "and" if isinstance(node.op, ast.And) else "or"
         values = [self.truth(self.expr(v), v) for v in node.values]
+        # a constant that does not decide the result drops out (x and True is x); one that does ends the chain there
+        deciding = op == "or"
+        kept = []
+        for v in values:
+            if isinstance(v, Const) and v.value != deciding:
+                continue
+            kept.append(v)
+            if isinstance(v, Const):
+                break
+        values = kept or [Const(not deciding, "bool")]
         result = values[0]
         for v in values[1:]:
             if isinstance(result, Const) and isinstance(v, Const):
@@ -303,7 +321,7 @@ class ExpressionTranslator(Reader):
 
     def expr_Subscript(self, node: ast.Subscript) -> Expr:
         array, index = self.element(node)
-        return Load(array, index, array.type)
+        return self.read(Load(array, index, array.type))
 
     def element(self, node: ast.Subscript) -> tuple[Param, Expr]:
         """The array and the flat element offset of ``a[i]`` or ``a[row, col]``."""
@@ -366,7 +384,7 @@ class ExpressionTranslator(Reader):
                 self.fail(node, f"{ast.unparse(func)}() converts one value")
             t = callee.name if isinstance(callee, ScalarType) else "i32" if callee == "int" else self.default_float
             e = self.numeric(self.expr(node.args[0]), node)
-            return self.cast(e, t, node)
+            return self.read(self.cast(e, t, node))  # gw.f16(x): x rounded to f16, computing on as f32
         if callee == "range":
             self.fail(node, "range() may only be the iterable of a for loop")
         args = [self.numeric(self.expr(a), a) for a in node.args]
@@ -450,5 +468,5 @@ class ExpressionTranslator(Reader):
             last = Binary("-", extent, Const(1, "i32"), "i32")
             axes.append(Call("clamp", (self.cast(moved, "i32", node), Const(0, "i32"), last), "i32"))
         if n == 1:
-            return Load(array, axes[0], array.type)
-        return Load(array, self.flat(array, axes[1], axes[0], node), array.type)
+            return self.read(Load(array, axes[0], array.type))
+        return self.read(Load(array, self.flat(array, axes[1], axes[0], node), array.type))

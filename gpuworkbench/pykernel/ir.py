@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .ktypes import NUMPY_TYPES
+from .ktypes import ITEMSIZE
 
 
 @dataclass(eq=False)
@@ -209,7 +209,7 @@ class KernelIR:
     @property
     def shared_bytes(self) -> int:
         """Bytes of workgroup-shared memory one block holds."""
-        return sum(int(np.prod(p.shape)) * np.dtype(NUMPY_TYPES[p.type]).itemsize for p in self.shared)
+        return sum(int(np.prod(p.shape)) * ITEMSIZE[p.type] for p in self.shared)
 
     @property
     def arguments(self) -> list[Param]:

@@ -21,6 +21,7 @@ from .emit_c import c_source
 from .emit_numpy import numpy_source
 from .emit_wgsl import wgsl_source
 from .ir import KernelIR, Param
+from .ktypes import NUMPY_TYPES, numpy_dtype
 from .statements import translate
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class PythonKernel:
             kernel = self._cache.get(key)
             if kernel is not None and kernel.device is device and not device.closed:
                 return kernel
+            check_types(device, self.ir.types_used, self.name)
             if language == "python":
                 src = self._numpy
             elif language == "wgsl":
@@ -216,7 +218,7 @@ class PythonKernel:
                         f"{self.name}: argument {p.name!r} is an array ({p.annotation!r}); pass a Buffer, "
                         f"not {type(a).__name__}"
                     )
-                if a.dtype != np.dtype(p.annotation.element.dtype):
+                if a.dtype != numpy_dtype(p.type):
                     raise InvalidArgument(f"{self.name}: {p.name!r} is {p.annotation!r}, the buffer holds {a.dtype}")
                 if device is None:
                     device = a.device
@@ -245,6 +247,17 @@ class PythonKernel:
         return f"<gw.kernel {self.name}({self._signature()}) at {self.ir.where}, CPU: {self.cpu_strategy}>"
 
 
+def check_types(device: Device, types: set[str], what: str) -> None:
+    """InvalidArgument naming ``device`` and what it lacks where its kernels cannot hold one of ``types``."""
+    for t in sorted(types):
+        name = NUMPY_TYPES.get(t)
+        why = device.backend_device.lacks_type(name) if name and t not in ("bool", "isize") else ""
+        if why:
+            raise InvalidArgument(f"{what}: {device.spec} ({device.name}) has no {name}: {why}")
+        if t == "bf16" and device.caps.kernel_language == "python":
+            numpy_dtype(t)  # the CPU computes bfloat16 with ml_dtypes: a clear error without it
+
+
 def _shape(shape: Any, ndim: int, name: str) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     if len(dims) != ndim or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
@@ -257,7 +270,7 @@ def _shape(shape: Any, ndim: int, name: str) -> tuple[int, ...]:
 
 def _scalar(value: Any, p: Param, name: str) -> Any:
     """``value`` as the parameter's NumPy type; refuses what would change it (2.5 for an i32, 2**40 for a u32)."""
-    dtype = np.dtype(p.annotation.dtype)
+    dtype = numpy_dtype(p.type)
     if isinstance(value, Buffer) or not isinstance(value, (int, float, np.number, np.bool_)):
         raise InvalidArgument(
             f"{name}: argument {p.name!r} is a scalar {p.annotation!r}; pass a number, not {type(value).__name__}"

@@ -2,6 +2,10 @@
 
 A translated kernel names every type by a short string ("f32", "i32", "bool", and "isize" for a flat element offset);
 the tables here map those strings to NumPy and give each integer type its range.
+
+``f16`` and ``bf16`` are storage types: arrays, shared arrays and locals hold them, and a value read from one computes
+as f32 (a store rounds it back to the nearest). bfloat16 has no NumPy dtype: its arrays use ``ml_dtypes.bfloat16``
+where ml_dtypes is installed (``BFLOAT16`` is None otherwise).
 """
 
 from __future__ import annotations
@@ -12,6 +16,11 @@ import numpy as np
 
 from ..errors import InvalidArgument
 
+try:  # bfloat16's NumPy dtype, where the package that defines one is installed
+    from ml_dtypes import bfloat16 as BFLOAT16
+except ImportError:  # pragma: no cover - depends on the environment
+    BFLOAT16 = None
+
 
 class ScalarType:
     """An element type: ``a: gw.f32`` is a scalar argument, ``x: gw.f32[:]`` a 1-D array, ``gw.f32(v)`` a cast.
@@ -21,7 +30,8 @@ class ScalarType:
     the same, but linters read a string in an annotation as a name and report it undefined)."""
 
     def __init__(self, name: str, dtype: Any) -> None:
-        self.name, self.dtype = name, np.dtype(dtype)
+        self.name = name
+        self.dtype = None if dtype is None else np.dtype(dtype)  # None: bf16 without ml_dtypes
 
     def __getitem__(self, dims: Any) -> ArrayType:
         if dims == slice(None):
@@ -38,7 +48,7 @@ class ScalarType:
         )
 
     def __call__(self, value: Any) -> Any:
-        return self.dtype.type(value)
+        return numpy_dtype(self.name).type(value)
 
     def __repr__(self) -> str:
         return f"gw.{self.name}"
@@ -91,13 +101,36 @@ INDEX = IndexType()
 SCALAR_TYPES = {
     name: ScalarType(name, dtype)
     for name, dtype in [("f32", np.float32), ("f64", np.float64), ("i32", np.int32), ("u32", np.uint32),
-                        ("i64", np.int64)]
+                        ("i64", np.int64), ("f16", np.float16), ("bf16", BFLOAT16)]
 }  # fmt: skip
-FLOATS = ("f32", "f64")
+FLOATS = ("f32", "f64")  # the floats a value computes in
+HALVES = ("f16", "bf16")  # 16-bit floats: storage only, computed as f32
 INTS = ("i32", "u32", "i64")
 # "isize" is the flat element offset into an array: 64-bit in C and NumPy, i32 in WGSL (which has nothing wider).
 NUMPY_TYPES = {"f32": "float32", "f64": "float64", "i32": "int32", "u32": "uint32", "i64": "int64", "bool": "bool",
-               "isize": "int64"}  # fmt: skip
+               "isize": "int64", "f16": "float16", "bf16": "bfloat16"}  # fmt: skip
+
+
+def numpy_dtype(t: str) -> np.dtype:
+    """The NumPy dtype of kernel type ``t``; InvalidArgument for bf16 where ml_dtypes (its only NumPy dtype) is
+    missing."""
+    if t == "bf16":
+        if BFLOAT16 is None:
+            raise InvalidArgument("bfloat16 has no NumPy dtype without the ml_dtypes package: pip install ml_dtypes")
+        return np.dtype(BFLOAT16)
+    return np.dtype(NUMPY_TYPES[t])
+
+
+def kernel_type(dtype: Any) -> str | None:
+    """The kernel type holding NumPy ``dtype`` ("f32", "bf16" ...), None for one kernels do not take."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return None
+    return next((t for t, s in SCALAR_TYPES.items() if s.dtype is not None and s.dtype == dt), None)
+
+
+ITEMSIZE = {"f32": 4, "f64": 8, "i32": 4, "u32": 4, "i64": 8, "f16": 2, "bf16": 2, "bool": 1, "isize": 8}
 INT_RANGE = {"i32": (-(2**31), 2**31 - 1), "u32": (0, 2**32 - 1), "i64": (-(2**63), 2**63 - 1),
              "isize": (-(2**31), 2**31 - 1)}  # fmt: skip
 
@@ -109,3 +142,5 @@ f64 = SCALAR_TYPES["f64"]
 i32 = SCALAR_TYPES["i32"]
 u32 = SCALAR_TYPES["u32"]
 i64 = SCALAR_TYPES["i64"]
+f16 = SCALAR_TYPES["f16"]
+bf16 = SCALAR_TYPES["bf16"]

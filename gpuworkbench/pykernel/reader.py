@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from ..errors import CompileError
 from .ir import Param, Var
-from .ktypes import INTS, ArrayType, IndexType, ScalarType
+from .ktypes import HALVES, INTS, ArrayType, IndexType, ScalarType
 from .names import safe_name
 
 MISSING = object()  # what ``Reader.resolve`` returns for a name that refers to nothing
@@ -156,6 +156,9 @@ class Reader:
             self.params.append(Param(a.arg, cname, "index", "i32", annotation))
             self.vars[a.arg] = Var(cname, "i32", "index")
         elif isinstance(annotation, ScalarType):
+            if annotation.name in HALVES:
+                self.fail(a, f"parameter {a.arg!r}: a scalar cannot be {annotation!r} (16-bit floats compute as f32): "
+                          f"declare it gw.f32, or pass the value in an array")  # fmt: skip
             self.params.append(Param(a.arg, cname, "scalar", annotation.name, annotation))
             self.vars[a.arg] = Var(cname, annotation.name, "scalar")
         elif isinstance(annotation, ArrayType):
@@ -165,8 +168,8 @@ class Reader:
         else:
             self.fail(
                 a,
-                f"parameter {a.arg!r}: {annotation!r} is not a kernel type; use gw.index, a scalar type "
-                f"(gw.f32, gw.f64, gw.i32, gw.u32, gw.i64) or an array of one (gw.f32[:], gw.f32[:, :])",
+                f"parameter {a.arg!r}: {annotation!r} is not a kernel type; use gw.index, a scalar type (gw.f32, "
+                f"gw.f64, gw.i32, gw.u32, gw.i64) or an array of one (gw.f32[:], gw.f16[:], gw.bf16[:, :] ...)",
             )
 
     def resolve(self, node: ast.expr) -> Any:

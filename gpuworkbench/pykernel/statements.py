@@ -18,7 +18,7 @@ from ..errors import InvalidArgument
 from .divergence import Divergence
 from .expressions import ExpressionTranslator
 from .ir import Assign, Barrier, Const, Expr, For, If, KernelIR, Param, Return, Store, Var, walk_exprs
-from .ktypes import FLOATS, INTS, SCALAR_TYPES, ScalarType
+from .ktypes import FLOATS, INTS, SCALAR_TYPES, ScalarType, kernel_type
 from .names import safe_name
 from .reader import MISSING
 from .words import barrier, shared
@@ -101,7 +101,10 @@ class Translator(ExpressionTranslator):
             self.fail(node, "an annotated assignment declares a local with a value: t: gw.f32 = 0")
         declared = self.resolve(node.annotation)
         if not isinstance(declared, ScalarType):
-            self.fail(node.annotation, "a local's annotation is a scalar type: gw.f32, gw.f64, gw.i32, gw.u32, gw.i64")
+            self.fail(
+                node.annotation,
+                "a local's annotation is a scalar type: gw.f32, gw.f64, gw.f16, gw.bf16, gw.i32, gw.u32, gw.i64",
+            )
         return self.assign(node.target, lambda: self.expr(node.value), node, declared.name)
 
     def assign(self, target: ast.expr, value: Callable[[], Expr], node: ast.stmt, declared: str | None = None) -> list:
@@ -190,14 +193,11 @@ class Translator(ExpressionTranslator):
             return value.name
         if isinstance(value, str) and value in SCALAR_TYPES:
             return value
-        try:
-            dtype = np.dtype(value) if value is not MISSING and not isinstance(value, bool) else None
-        except TypeError:
-            dtype = None
-        for t, s in SCALAR_TYPES.items():
-            if dtype is not None and dtype == s.dtype:
-                return t
-        self.fail(node, "a shared array's type is gw.f32, gw.f64, gw.i32, gw.u32 or gw.i64 (or their NumPy names)")
+        found = None if value is MISSING or value is None or isinstance(value, bool) else kernel_type(value)
+        if found is not None:
+            return found
+        self.fail(node, "a shared array's type is gw.f32, gw.f64, gw.f16, gw.bf16, gw.i32, gw.u32 or gw.i64 (or their "
+                  "NumPy names)")  # fmt: skip
 
     def local_type(self, v: Expr) -> str:
         if v.type == "int" and isinstance(v, Const) and not -(2**31) <= v.value < 2**31:

@@ -14,7 +14,10 @@ import pytest
 from support import WITH_WEBGPU, open_device
 
 import gpuworkbench as gw
-from gpuworkbench.library._kernels import BLOCK, TILE, matmul_tiled  # 16 × 16 threads, 4 × 4 values each
+from gpuworkbench.library import _kernels
+from gpuworkbench.library._kernels import BLOCK, TILE  # 16 × 16 threads, 4 × 4 values each
+
+matmul_tiled = _kernels.matmul_tiled()  # float32's
 
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="gpuwb-xdg-"))  # quiets Mesa's loader
 every_backend = pytest.mark.parametrize("device", WITH_WEBGPU, indirect=True)

@@ -352,3 +352,29 @@ def test_library_kernels_record_their_bytes_and_the_cache_feeds_the_advice(cpu):
     assert points[0]["row_softmax"].size is None and codes.count("too-small-for-gpu") == 2
     assert [a.code for a in t.summary().advice].count("too-small-for-gpu") == 2  # the trace's own summary reads it
     assert crossover_cache.cached_result(cpu).ops == ["matmul", "softmax"]  # the library's order
+
+
+def test_crossover_of_another_dtype_is_cached_apart_and_feeds_the_advice(cpu, cache):
+    """``dtype="int32"``: int32 inputs, the int64 sum NumPy gives, the kernel named with its type, bytes of 4-byte
+    elements and 8-byte sums, cached under "sum:int32" beside float32's "sum"."""
+    ints = gw.crossover("sum", device=cpu, sizes=[256, 2048], repeats=1, dtype="int32")
+    floats = gw.crossover("sum", device=cpu, sizes=[256, 2048], repeats=1)
+    assert ints.dtype == "int32" and floats.dtype == "float32" and not ints.warnings
+    assert ints.kernels == {"sum": "row_sum_i32"} and floats.kernels == {"sum": "row_sum"}
+    rows = crossover_ops.row_shape(2048)[0]
+    assert [r["bytes"] for r in ints.rows] == [4 * 256 + 8, 4 * 2048 + 8 * rows]
+    assert "crossover on cpu:0 (" in str(ints) and ", int32" in str(ints)
+    ops = json.loads((cache / crossover_cache.CACHE_FILE).read_text())["devices"]
+    assert set(next(iter(ops.values()))["ops"]) == {"sum", "sum:int32"}
+    assert crossover_cache.cached_result(cpu, "sum", dtype="int32").rows == ints.rows
+    with gw.trace() as t:
+        lib.sum(np.ones((2, 256), np.int32), axis=-1, device=cpu)
+    assert set(crossover_cache.cached_crossovers(t)[0]) == {"row_sum", "row_sum_i32"}
+    half = gw.crossover("softmax", device=cpu, sizes=[1024], repeats=1, dtype=np.float16)
+    assert half.kernels == {"softmax": "row_softmax_f16"} and half.rows[0]["bytes"] == 2 * 2 * 1024
+    assert not half.warnings  # checked against NumPy in float64: float16's own sums would be off
+
+
+def test_a_dtype_an_op_does_not_take_is_named(cpu):
+    with pytest.raises(gw.InvalidArgument, match="crossover: softmax does not take int32; it takes float16, bfloat16"):
+        gw.crossover(["sum", "softmax"], device=cpu, dtype="int32")

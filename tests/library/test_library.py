@@ -60,7 +60,7 @@ def test_sum_max_argmax(device, shape):
         assert np.array_equal(lib.sum(x, axis=axis, device=device), x.sum(axis=axis))
         assert np.array_equal(lib.max(x, axis=axis, device=device), x.max(axis=axis))
         got = lib.argmax(x, axis=axis, device=device)
-        assert np.array_equal(got, x.argmax(axis=axis)) and np.asarray(got).dtype == np.int32
+        assert np.array_equal(got, x.argmax(axis=axis)) and np.asarray(got).dtype == np.int64  # NumPy's intp
     assert isinstance(lib.sum(x, device=device), np.float32)  # axis=None: a scalar, as NumPy gives
 
 
@@ -140,8 +140,8 @@ def test_mismatches_name_both(cpu):
         lib.matmul(a, b, device=cpu)
     with pytest.raises(gw.InvalidArgument, match=r"a is float32 \(3, 4\), b is float64 \(4, 2\)"):
         lib.matmul(a, np.ones((4, 2)), device=cpu)
-    with pytest.raises(gw.InvalidArgument, match=r"x is int32 \(3,\); it must be float32"):
-        lib.sum(np.arange(3, dtype=np.int32), device=cpu)
+    with pytest.raises(gw.InvalidArgument, match=r"x is int32 \(3,\); it takes float16, bfloat16, float32 or float64"):
+        lib.softmax(np.arange(3, dtype=np.int32), device=cpu)
     with pytest.raises(gw.InvalidArgument, match=r"x is \(3, 4\), gamma is \(3,\)"):
         lib.layer_norm(a, ints((3,)), device=cpu)
     with cpu.alloc((3, 4)) as buf:

@@ -26,7 +26,8 @@ class WebGPUDevice(BackendDevice):
 
     def __init__(self, info: DeviceInfo, adapter: Any) -> None:
         wgpu = load_wgpu()
-        wanted = [f for f in ("timestamp-query", "timestamp-query-inside-encoders") if f in adapter.features]
+        features = ("timestamp-query", "timestamp-query-inside-encoders", "shader-f16")  # f16: float16 kernels
+        wanted = [f for f in features if f in adapter.features]
         limit_names = ("max-buffer-size", "max-storage-buffer-binding-size")
         self._dev = adapter.request_device_sync(
             label=info.name, required_features=wanted, required_limits={k: adapter.limits[k] for k in limit_names}
@@ -44,6 +45,13 @@ class WebGPUDevice(BackendDevice):
         self._submit = self._submitter.submit
         self._scratch = self._dev.create_buffer(size=16, usage=wgpu.BufferUsage.COPY_DST)
         self._clock_stream = QueueStream()
+
+    def lacks_type(self, dtype: str) -> str:
+        if dtype == "float16":
+            return "" if "shader-f16" in self._dev.features else "its adapter lacks shader-f16"
+        if dtype in ("float32", "int32", "uint32"):
+            return ""
+        return "WGSL has no bfloat16" if dtype == "bfloat16" else "WGSL has no 64-bit types"
 
     def memory_info(self) -> tuple[int, int]:
         return max(self.info.total_memory - self._held, 0), self.info.total_memory
