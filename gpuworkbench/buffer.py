@@ -186,17 +186,20 @@ class Buffer:
         if stream.closed:
             stream.check_open()
         backend = self.device.backend_device
-        if kind == "h2d":
-            fn, args = backend.copy_h2d, (handle, 0, host, stream.raw)
-        else:
-            fn, args = backend.copy_d2h, (host, handle, 0, stream.raw)
         if stream.capturing is None and not listeners.RECORDING:  # _dispatch.enqueue_call's quiet branch, inlined
-            completion = fn(*args, False)
+            if kind == "h2d":
+                completion = backend.copy_h2d(handle, 0, host, stream.raw, False)
+            else:
+                completion = backend.copy_d2h(host, handle, 0, stream.raw, False)
             stream.inflight.append((completion, host))  # Stream.track, inlined: ``host`` kept alive until done
             stream.appended += 1
             if stream.appended & 63 == 0:
                 stream.prune_now()
         else:
+            if kind == "h2d":
+                fn, args = backend.copy_h2d, (handle, 0, host, stream.raw)
+            else:
+                fn, args = backend.copy_d2h, (host, handle, 0, stream.raw)
             nbytes = self.size_bytes
             name = name or _copy_name(kind, nbytes)
             completion = _dispatch.enqueue_call(stream, kind, nbytes, name, self._pinned_flag(host), fn, args, host)
