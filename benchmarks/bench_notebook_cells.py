@@ -111,6 +111,9 @@ class IdleLoop:
     def call_later(self, _delay: float, fn) -> None:
         self.due.append(fn)
 
+    def add_callback(self, fn) -> None:
+        self.due.append(fn)
+
     def idle(self, seconds: float) -> None:
         t0 = time.perf_counter()
         due, self.due = self.due, []

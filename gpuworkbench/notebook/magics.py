@@ -50,9 +50,27 @@ CELL_USAGE = (
 
 
 def register(ipython: Any) -> None:
-    """Register ``%gpu`` and ``%%gpu`` on ``ipython``, and the hooks run around each cell (``%load_ext``)."""
+    """Register ``%gpu`` and ``%%gpu`` on ``ipython``, and the hooks run around each cell (``%load_ext``); in a Jupyter
+    kernel, the pictures' one-off costs are paid on its event loop once ``%load_ext``'s cell is done (``warm_up``)."""
     ipython.register_magics(GpuMagics)
     cell_hooks.register(ipython)
+    loop = getattr(getattr(ipython, "kernel", None), "io_loop", None)  # a Jupyter kernel's; a terminal has none
+    if hasattr(loop, "add_callback") and not _warming:
+        _warming.append(True)
+        loop.add_callback(warm_up)  # runs once the loop is free: after %load_ext's cell has replied
+
+
+_warming: list[bool] = []  # the warm-up is scheduled once per process
+
+
+def warm_up() -> None:
+    """``viz.warm_up`` (Bokeh's imports and first layout), between cells; never raises (without Bokeh, nothing)."""
+    try:
+        from ..viz import warm_up as warm_pictures
+
+        warm_pictures()
+    except Exception:  # noqa: BLE001  nothing between cells may break the kernel; the first %%gpu cell pays instead
+        pass
 
 
 @magics_class

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bokeh.core.property.validation import validate
 from bokeh.model import Model
 
 from .memory import memory_series, trace_memory_t0
@@ -76,14 +77,17 @@ def show_trace_reused(trace: Any, window: tuple[int, int] | None, summary: Any, 
             _kept.pop(next(iter(_kept)))
         _kept[key] = kept
     else:
-        _refill(kept, trace, table, t0_ns, rows, tv, series, summary)
-        if bool(locations) and not _source_shape_holds(kept, trace):
+        with validate(False):  # the values a build of this shape validated, of the same types
+            _refill(kept, trace, table, t0_ns, rows, tv, series, summary)
+            holds = not locations or _source_shape_holds(kept, trace)
+        if not holds:
             _kept.pop(key)
             return show_trace_reused(trace, window, summary, build)
     try:
         publish(kept.root, kept.cache)
     finally:
-        _let_go(kept)
+        with validate(False):
+            _let_go(kept)
     return None
 
 

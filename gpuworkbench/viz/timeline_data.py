@@ -437,7 +437,10 @@ def state_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) 
 
 def _codes(values: np.ndarray, table: dict[str, int]) -> np.ndarray:
     """Small integer codes of strings, growing ``table`` (string -> code) with the new ones."""
-    return np.fromiter((table.setdefault(v, len(table)) for v in values.tolist()), dtype=np.int64, count=len(values))
+    items = values.tolist()
+    for v in dict.fromkeys(items):
+        table.setdefault(v, len(table))
+    return np.fromiter(map(table.__getitem__, items), dtype=np.int64, count=len(items))
 
 
 def compact_columns(

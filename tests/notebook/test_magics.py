@@ -269,3 +269,33 @@ def test_a_kernel_readies_cupti_on_its_event_loop_after_each_cell_not_inside_one
     finally:
         for callback in [c for c in shell.events.callbacks["post_run_cell"] if c not in before]:
             shell.events.unregister("post_run_cell", callback)
+
+
+def test_a_kernel_warms_the_pictures_up_once_on_its_event_loop_after_load_ext(shell, monkeypatch) -> None:
+    """In a Jupyter kernel ``%load_ext`` leaves Bokeh's first layout to the event loop (once per process), and the
+    warm-up never raises: without Bokeh, or failing, the first shown cell pays instead."""
+
+    class Loop:
+        def __init__(self) -> None:
+            self.soon: list = []
+
+        def add_callback(self, fn) -> None:
+            self.soon.append(fn)
+
+    loop = Loop()
+    monkeypatch.setattr(shell, "kernel", type("Kernel", (), {"io_loop": loop})(), raising=False)
+    monkeypatch.setattr(magics, "_warming", [])
+    before = list(shell.events.callbacks["post_run_cell"])
+    warmed: list[bool] = []
+    monkeypatch.setattr("gpuworkbench.viz.warm_up", lambda: warmed.append(True))
+    try:
+        magics.register(shell)
+        magics.register(shell)
+        assert loop.soon == [magics.warm_up] and not warmed  # scheduled once, not run inside %load_ext
+        loop.soon[0]()
+        assert warmed == [True]
+        monkeypatch.setattr("gpuworkbench.viz.warm_up", lambda: 1 / 0)
+        magics.warm_up()  # a failing warm-up is swallowed
+    finally:
+        for callback in [c for c in shell.events.callbacks["post_run_cell"] if c not in before]:
+            shell.events.unregister("post_run_cell", callback)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import linecache
 import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ pytest.importorskip("bokeh")
 from bokeh.embed.notebook import notebook_content  # noqa: E402
 
 from gpuworkbench.viz import reuse, trace_layout  # noqa: E402
-from gpuworkbench.viz.notebook_doc import notebook_bundle  # noqa: E402
+from gpuworkbench.viz.notebook_doc import CODED, EXPAND_JS, notebook_bundle  # noqa: E402
 
 
 def traced(cell: str, steps: int, size: int) -> gw.Trace:
@@ -35,11 +37,25 @@ def traced(cell: str, steps: int, size: int) -> gw.Trace:
     return t
 
 
-def document(script: str) -> dict:
-    """The document of a notebook script, its model ids renamed in order of appearance (ids are fresh each time)."""
-    found = re.search(r"const docs_json = (.*);\n\s*const render_items = (.*);\n", script)
+def docs_json(script: str) -> str:
+    """The docs_json expression of a notebook script (JSON, or ``EXPAND_JS`` applied to JSON)."""
+    found = re.search(r"const docs_json = (.*?);\n\s*const render_items = (.*);\n", script, re.S)
     assert found is not None
-    (doc,) = json.loads(found.group(1)).values()
+    return found.group(1)
+
+
+def expanded(x):
+    """``x`` with every coded column put back as Bokeh writes it (what ``EXPAND_JS`` does in the browser)."""
+    if isinstance(x, dict):
+        if x.get("type") == CODED:
+            array = [x["strings"][c] for c in x["codes"]]
+            return {"type": "ndarray", "array": array, "shape": [len(array)], "dtype": "object", "order": x["order"]}
+        return {k: expanded(v) for k, v in x.items()}
+    return [expanded(v) for v in x] if isinstance(x, list) else x
+
+
+def renamed(doc: dict) -> dict:
+    """``doc`` with its model ids renamed in order of appearance (ids are fresh each time)."""
     ids: dict[str, str] = {}
 
     def walk(x):
@@ -48,6 +64,15 @@ def document(script: str) -> dict:
         return [walk(v) for v in x] if isinstance(x, list) else x
 
     return walk(doc)
+
+
+def document(script: str) -> dict:
+    """The document of a notebook script, coded columns expanded, ids renamed."""
+    text = docs_json(script)
+    if text.startswith(EXPAND_JS):
+        text = text[len(EXPAND_JS) + 1 : -1]
+    (doc,) = json.loads(text).values()
+    return renamed(expanded(doc))
 
 
 def model_ids(script: str) -> set[str]:
@@ -79,3 +104,66 @@ def test_a_kept_layout_refilled_is_the_new_trace_built_afresh(monkeypatch):
     assert not model_ids(published[0]) & model_ids(published[1])  # two outputs never share a model id
     kept = next(iter(reuse._kept.values()))
     assert not kept.models[("ColumnDataSource", "span source")].data  # the kept layout holds no trace between cells
+
+
+def test_repeated_strings_go_as_codes_and_the_browser_expands_them_to_bokehs_document():
+    layout = trace_layout(traced("<cell doc 4>", 150, 1 << 10))
+    _, ours, _ = notebook_bundle(layout)
+    bokehs, _, _ = notebook_content(layout)
+    text = docs_json(ours)
+    assert text.startswith(EXPAND_JS) and f'"type":"{CODED}"' in text
+    assert len(text) < 0.7 * len(docs_json(bokehs))  # rows, kinds, styles, names, lines: each string sent once
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node to run the browser's expansion")
+    run = subprocess.run([node, "-e", f"process.stdout.write(JSON.stringify({text}))"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    (doc,) = json.loads(run.stdout).values()
+    assert renamed(doc) == document(bokehs)
+
+
+def test_the_span_tooltip_reads_each_spans_name_row_and_line_from_the_expanded_document():
+    trace = traced("<cell doc 5>", 40, 1 << 10)
+    _, script, _ = notebook_bundle(trace_layout(trace))
+    doc = document(script)
+    found = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            if x.get("name") == "ColumnDataSource" and x.get("attributes", {}).get("name") == "span source":
+                found.append(dict(x["attributes"]["data"]["entries"]))
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(doc)
+    (data,) = found
+    names, rows, lines = (data[c]["array"] for c in ("name", "row", "line"))
+    table = trace.table()
+    assert sorted(names) == sorted(str(n) for n in table["name"])
+    assert {n for n in names if "copy" in n.lower() or "h2d" in n.lower() or "d2h" in n.lower()}
+    assert all(r.startswith("cpu") for r in rows)
+    assert {"x.copy_from_host(h)", "x.copy_to_host(h)"} <= {line.split("  ")[1] for line in lines if line}
+
+
+def test_a_kept_model_changed_in_place_is_encoded_again():
+    from bokeh.models import Div
+
+    layout = trace_layout(traced("<cell doc 6>", 3, 1 << 10))
+    cache: dict = {}
+    notebook_bundle(layout, cache)
+    layout.children.append(Div(text="added in place"))  # the same list, one more child
+    _, again, _ = notebook_bundle(layout, cache)
+    assert "added in place" in again
+    assert document(again) == document(notebook_content(layout)[0])
+
+
+def test_the_warm_up_builds_and_encodes_a_layout_without_showing_it(monkeypatch):
+    from gpuworkbench import viz
+
+    shown: list = []
+    monkeypatch.setattr("gpuworkbench.viz.notebook_doc.publish", lambda *a, **k: shown.append(a))
+    viz.warm_up()
+    assert not shown
