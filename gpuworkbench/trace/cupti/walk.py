@@ -83,6 +83,11 @@ class RecordWalker:
             reps = (array.size - i) // period
             if reps < 8:
                 return None
+            pattern = kinds[-length:]
+            if any(int(array[i + period * r + offsets[j - length] - start]) != pattern[j]
+                   for r in range(2) for j in range(length)):  # fmt: skip
+                return None  # the next two repetitions already break it: no NumPy step for nothing (a PyTorch
+                # step's records repeat in short runs, and each vain check cost ~25 µs)
             rel = np.asarray(offsets[-length:], np.int64) - start
             base = i + period * np.arange(reps, dtype=np.int64)
             pos = base[:, None] + rel[None, :]
