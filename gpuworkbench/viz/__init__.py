@@ -62,18 +62,46 @@ def show_trace(trace: Any, window: tuple[int, int] | None = None, summary: Any =
 
 
 def warm_up() -> None:
-    """Build and encode (without showing) the layout of a two-span trace once: Bokeh's imports, its first-time model
-    set-up and the summary's, paid between cells after ``%load_ext`` instead of by the first ``%%gpu`` cell shown."""
-    from ..trace.recorder import Trace
-    from .notebook_doc import notebook_bundle
+    """Build, keep and encode (without showing) the layouts a first ``%%gpu`` cell most likely has: one device, its
+    streams' state rows, the source view with the cell's lines, and a memory plot without samples (the cell allocated
+    nothing) or with one device's (it did). Bokeh's imports and first-time set-up and the summary's are paid between
+    cells after ``%load_ext``, the first cell shown is a refill (``reuse``) instead of a build, and the BokehJS loader
+    it publishes is made already (``inline.prepare_inline``)."""
+    from .inline import prepare_inline
+    from .reuse import warm
 
-    trace = Trace.from_records(
-        [
-            {"kind": "api", "stream": -2, "start_ns": 0, "end_ns": 1_000, "name": "cudaLaunchKernel", "corr": 1},
-            {"kind": "kernel", "stream": 0, "start_ns": 2_000, "end_ns": 5_000, "name": "warm_up", "corr": 1},
-        ]
+    for memory in (False, True):
+        warm(warm_up_trace(memory), trace_layout)
+    prepare_inline()
+
+
+def warm_up_trace(memory: bool) -> Any:
+    """A small trace of a ``%%gpu`` cell's shape: an upload, a kernel and a download from three lines of a cell on
+    one device's stream; ``memory``: with the device's memory samples (held and used bytes)."""
+
+    from ..trace.columns import DeviceClock
+    from ..trace.lines import Location
+    from ..trace.recorder import Trace
+    from ..trace.spans import empty_memory_table, table_from_records
+
+    cell = "<gpuworkbench warm-up>"
+    lines = ("x.copy_from_host(h)", "f(x, y)", "y.copy_to_host(h)")
+    locations = [Location(cell, i + 1, "<module>", text=text) for i, text in enumerate(lines)]
+    records = [
+        {"kind": kind, "stream": 0, "start_ns": 1_000 * (2 * i + 1), "end_ns": 1_000 * (2 * i + 2), "name": name,
+         "bytes": nbytes, "loc": i}
+        for i, (kind, name, nbytes) in enumerate((("h2d", "copy", 4096), ("kernel", "f", 0), ("d2h", "copy", 4096)))
+    ]  # fmt: skip
+    memory_table = None
+    if memory:
+        memory_table = empty_memory_table(2)
+        memory_table["t_ns"][:] = (500, 6_500)
+        memory_table["held_bytes"][:] = (8192, 0)
+        memory_table["used_bytes"][:] = (1 << 20, 1 << 20)
+    clock = DeviceClock(key="device:0", name="device 0", source="records")
+    return Trace.finished(
+        table_from_records(records), {0: clock}, {}, memory_table, started_ns=1, stopped_ns=7_000, locations=locations
     )
-    notebook_bundle(trace_layout(trace))
 
 
 def __getattr__(name: str) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bokeh.core.properties import value
 from bokeh.core.property.validation import validate
 from bokeh.model import Model
 
@@ -36,10 +37,12 @@ KEEP = 4
 
 @dataclass
 class _Kept:
-    """A kept layout: its root, its models by (class, name), and the encodings ``notebook_doc`` keeps of them."""
+    """A kept layout: its root, its models by (class, name), its memory legend's items, and the texts ``doc_text``
+    keeps of its models."""
 
     root: Any
     models: dict[tuple[str, str], Model]
+    legend_items: dict[str, Model]  # the memory plot's legend items by their renderer's name (held:N, used:N)
     cache: dict = field(default_factory=dict)
 
 
@@ -49,6 +52,29 @@ _kept: dict[tuple, _Kept] = {}
 def show_trace_reused(trace: Any, window: tuple[int, int] | None, summary: Any, build: Any) -> None:
     """Publish ``trace``'s layout (``build(trace, window, summary)`` for a shape not seen yet, else a kept one
     refilled) to the notebook."""
+    kept = _layout(trace, window, summary, build)
+    try:
+        publish(kept.root, kept.cache)
+    finally:
+        with validate(False):
+            _let_go(kept)
+
+
+def warm(trace: Any, build: Any) -> None:
+    """Build and keep the layout of ``trace``'s shape and write its document once (unpublished), so that a later
+    trace of that shape is a refill whose unchanged models keep the text written here; its data let go after."""
+    from .notebook_doc import notebook_bundle
+
+    kept = _layout(trace, None, None, build)
+    try:
+        notebook_bundle(kept.root, kept.cache)
+    finally:
+        with validate(False):
+            _let_go(kept)
+
+
+def _layout(trace: Any, window: tuple[int, int] | None, summary: Any, build: Any) -> _Kept:
+    """The layout of ``trace``: a kept one of its shape refilled, else one built (and kept)."""
     table = trace.table()
     t0_ns = trace_start_ns(trace, table)
     locations = getattr(trace, "locations", None)
@@ -64,31 +90,28 @@ def show_trace_reused(trace: Any, window: tuple[int, int] | None, summary: Any, 
         tv.webgl,
         tv.line_tip,
         tv.columns is not None,
-        tuple((device, label, color, used is not None) for device, label, color, _, used in series),
+        tuple((device, color, used is not None) for device, _, color, _, used in series),  # labels are refilled
         bool(locations),
         linked,
     )
     kept = _kept.get(key)
     if kept is None:
         root = build(trace, window, summary)
-        models = {(type(m).__name__, m.name or ""): m for m in root.references()}
-        kept = _Kept(root, models)
+        references = root.references()
+        models = {(type(m).__name__, m.name or ""): m for m in references}
+        items = {r.name: m for m in references if type(m).__name__ == "LegendItem" for r in m.renderers if r.name}
+        kept = _Kept(root, models, items)
         if len(_kept) >= KEEP:
             _kept.pop(next(iter(_kept)))
         _kept[key] = kept
-    else:
-        with validate(False):  # the values a build of this shape validated, of the same types
-            _refill(kept, trace, table, t0_ns, rows, tv, series, summary)
-            holds = not locations or _source_shape_holds(kept, trace)
-        if not holds:
-            _kept.pop(key)
-            return show_trace_reused(trace, window, summary, build)
-    try:
-        publish(kept.root, kept.cache)
-    finally:
-        with validate(False):
-            _let_go(kept)
-    return None
+        return kept
+    with validate(False):  # the values a build of this shape validated, of the same types
+        _refill(kept, trace, table, t0_ns, rows, tv, series, summary)
+        holds = not locations or _source_shape_holds(kept, trace)
+    if not holds:
+        _kept.pop(key)
+        return _layout(trace, window, summary, build)
+    return kept
 
 
 def _refill(
@@ -123,10 +146,12 @@ def _refill(
     m[("Range1d", "overview x range")].update(start=lo - pad, end=hi + pad)
     overview.y_range.factors = order[::-1]
     m[("ColumnDataSource", "overview cell source")].data = overview_cells(tv.columns, order, (lo, hi), fig.width)
-    for device, _, _, held, used in series:
+    for device, label, _, held, used in series:
         m[("GlyphRenderer", f"held:{device}")].data_source.data = held
+        kept.legend_items[f"held:{device}"].label = value(f"{label}: held by gpuworkbench")
         if used is not None:
             m[("GlyphRenderer", f"used:{device}")].data_source.data = used
+            kept.legend_items[f"used:{device}"].label = value(f"{label}: used on the device")
     m[("Div", "")].text = summary._repr_html_()
 
 

@@ -3,6 +3,8 @@ layout refilled by a later trace (``viz/reuse.py``) equal to that trace's layout
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import linecache
 import re
@@ -19,7 +21,7 @@ pytest.importorskip("bokeh")
 from bokeh.embed.notebook import notebook_content  # noqa: E402
 
 from gpuworkbench.viz import reuse, trace_layout  # noqa: E402
-from gpuworkbench.viz.notebook_doc import CODED, EXPAND_JS, notebook_bundle  # noqa: E402
+from gpuworkbench.viz.notebook_doc import CODED, EXPAND_JS, document_json, notebook_bundle  # noqa: E402
 
 
 def traced(cell: str, steps: int, size: int) -> gw.Trace:
@@ -45,11 +47,15 @@ def docs_json(script: str) -> str:
 
 
 def expanded(x):
-    """``x`` with every coded column put back as Bokeh writes it (what ``EXPAND_JS`` does in the browser)."""
+    """``x`` with every coded column put back as Bokeh writes it (what ``EXPAND_JS`` does in the browser), and every
+    inline buffer as the bytes BokehJS reads from it (gunzipped: a buffer may be stored or compressed)."""
     if isinstance(x, dict):
         if x.get("type") == CODED:
-            array = [x["strings"][c] for c in x["codes"]]
+            codes = np.frombuffer(base64.b64decode(x["codes"]), dtype=f"u{x['width']}")
+            array = [x["strings"][c] for c in codes]
             return {"type": "ndarray", "array": array, "shape": [len(array)], "dtype": "object", "order": x["order"]}
+        if x.get("type") == "bytes" and isinstance(x.get("data"), str):
+            return {"type": "bytes", "data": gzip.decompress(base64.b64decode(x["data"]))}
         return {k: expanded(v) for k, v in x.items()}
     return [expanded(v) for v in x] if isinstance(x, list) else x
 
@@ -112,14 +118,16 @@ def test_repeated_strings_go_as_codes_and_the_browser_expands_them_to_bokehs_doc
     bokehs, _, _ = notebook_content(layout)
     text = docs_json(ours)
     assert text.startswith(EXPAND_JS) and f'"type":"{CODED}"' in text
-    assert len(text) < 0.7 * len(docs_json(bokehs))  # rows, kinds, styles, names, lines: each string sent once
+    plain, _, _ = document_json(layout, coded=False)
+    assert len(text) < 0.75 * len(plain)  # rows, kinds, styles, names, lines: each string sent once
     node = shutil.which("node")
     if node is None:
         pytest.skip("no node to run the browser's expansion")
-    run = subprocess.run([node, "-e", f"process.stdout.write(JSON.stringify({text}))"], capture_output=True, text=True)
+    script = f"process.stdout.write(JSON.stringify({text}))"  # on stdin: longer than one argument may be
+    run = subprocess.run([node], input=script, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     (doc,) = json.loads(run.stdout).values()
-    assert renamed(doc) == document(bokehs)
+    assert renamed(expanded(doc)) == document(bokehs)
 
 
 def test_the_span_tooltip_reads_each_spans_name_row_and_line_from_the_expanded_document():
@@ -167,3 +175,38 @@ def test_the_warm_up_builds_and_encodes_a_layout_without_showing_it(monkeypatch)
     monkeypatch.setattr("gpuworkbench.viz.notebook_doc.publish", lambda *a, **k: shown.append(a))
     viz.warm_up()
     assert not shown
+
+
+def test_a_warmed_shape_is_refilled_by_a_cell_on_another_device_as_its_layout_built_afresh(monkeypatch):
+    from gpuworkbench import viz
+
+    published: list[str] = []
+    monkeypatch.setattr(reuse, "publish", lambda root, cache: published.append(notebook_bundle(root, cache)[1]))
+    monkeypatch.setattr(reuse, "_kept", {})
+    reuse.warm(viz.warm_up_trace(memory=True), trace_layout)  # "device 0", one memory series
+    (kept,) = reuse._kept.values()
+    trace = traced("<cell doc 7>", 3, 1 << 10)  # the CPU device, allocating: a memory series of its own name
+    reuse.show_trace_reused(trace, None, None, trace_layout)
+    assert list(reuse._kept.values()) == [kept]  # refilled, not built
+    assert document(published[0]) == document(notebook_content(trace_layout(trace))[0])
+    assert "device 0: held by gpuworkbench" not in published[0]
+
+
+def test_kept_texts_hold_no_data_and_a_changed_property_is_written_again():
+    from gpuworkbench.viz.doc_text import TextEncoder
+
+    layout = trace_layout(traced("<cell doc 8>", 3, 1 << 10))
+    cache: dict = {}
+    notebook_bundle(layout, cache)
+    kept = {model: entry.subtree for model, entry in cache.items() if entry.subtree is not None}
+    assert kept and all('"type":"bytes"' not in text and CODED not in text for text in kept.values())
+    timeline = next(m for m in layout.references() if m.name == "timeline")
+    timeline.title.text = "a title set since"
+    _, again, _ = notebook_bundle(layout, cache)
+    assert "a title set since" in again
+    assert document(again) == document(notebook_content(layout)[0])
+    unchanged = [m for m, text in kept.items() if cache[m].subtree is text]
+    assert len(unchanged) > len(kept) // 2  # most models' text is reused as it was
+    assert timeline.title not in unchanged
+    encoder = TextEncoder(cache)
+    assert encoder.model(timeline.xaxis[0])[0] is kept[timeline.xaxis[0]]
