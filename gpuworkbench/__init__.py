@@ -60,11 +60,16 @@ def trace(
     source: str = "auto",
     others: bool | None = None,
     lines: bool = False,
+    counters: bool = False,
 ) -> Trace:
     """A Trace to use as ``with gw.trace() as t:``; records every op on every device without synchronizing.
     ``others`` (on unless False or ``GPUWB_TRACE_OTHERS=0``): other libraries' CUDA work too (CuPy, PyTorch ...);
-    ``lines``: each op carries the source line that issued it (``t.statistics().lines``)."""
-    return _new_trace(capacity=capacity, interval_s=interval_s, source=source, others=others, lines=lines)
+    ``lines``: each op carries the source line that issued it (``t.statistics().lines``); ``counters``: the host's
+    CPU and memory, and each device's counters where its platform offers some, sampled while it records
+    (``t.counters()``, ``t.counter_sources``, ``t.counters_plot()``)."""
+    return _new_trace(
+        capacity=capacity, interval_s=interval_s, source=source, others=others, lines=lines, counters=counters
+    )
 
 
 def live(trace: Trace | None = None, device: Device | str | None = None, client: Any = None, **options: Any) -> Any:

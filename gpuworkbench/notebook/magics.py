@@ -44,8 +44,9 @@ LINE_USAGE = """\
                                   device time per call (from the trace's spans) and host time per call, with their
                                   spread; %%gpu timeit [options] times the cell"""
 CELL_USAGE = (
-    "%%gpu [-o NAME] [--no-show] [--no-lines] [--device BACKEND[:N]]   trace the cell; show its lines' device time, "
-    "timeline, memory and summary"
+    "%%gpu [-o NAME] [--no-show] [--no-lines] [--counters] [--device BACKEND[:N]]   trace the cell; show its lines' "
+    "device time, timeline, memory and summary; --counters: sample the host's CPU and memory (and devices' counters "
+    "where offered) too"
 )
 
 
@@ -336,7 +337,7 @@ class GpuMagics(Magics):
         """Run ``cell`` inside a trace, record it in the history, show it, and return its last value."""
         __tracebackhide__ = True
         try:
-            opts, rest = self.parse_options(line, "o:", "no-show", "no-lines", "device=")
+            opts, rest = self.parse_options(line, "o:", "no-show", "no-lines", "counters", "device=")
         except UsageError as exc:
             error("%%gpu", f"{exc}\nusage: {CELL_USAGE}")
             return None
@@ -355,7 +356,7 @@ class GpuMagics(Magics):
             os.environ["GPUWB_DEVICE"] = dev.spec  # gw.Device() inside the cell gets it
 
         body, last = self._compile(cell)
-        trace = new_trace(lines="no-lines" not in opts)
+        trace = new_trace(lines="no-lines" not in opts, counters="counters" in opts)
         if trace.lines is not None:  # each op is charged to the line of this cell that issued it
             trace.lines.set_focus(body.co_filename)
         namespace = self.shell.user_ns

@@ -12,7 +12,10 @@ regions as ``user_annotation`` events. An API call and the device span it enqueu
 ``corr``) and an ``ac2g`` flow arrow; spans without a ``corr`` get correlation ids of their own, from
 ``gpuworkbench.synthetic_correlation_from`` on. A ``range`` on a device stream is a ``gpu_user_annotation`` there.
 Memory rows are PyTorch's ``[memory]`` instant events on the workbench's row: other libraries' bytes as "Total
-Allocated", with ``held_bytes`` and ``used_bytes`` beside it.
+Allocated", with ``held_bytes`` and ``used_bytes`` beside it. Counter samples (``gw.trace(counters=True)``) are ``C``
+events, which Perfetto draws as counter tracks: named by the counter, their one arg keyed by its unit (Perfetto names
+the track "host CPU % of all cores"), in the host process for the host's counters and in a device's process for its
+own; samples without a value (NaN) are left out, as JSON has no NaN.
 
 Kineto's stream numbers are positive and HTA treats stream <= 0 as host work in places, so our stream ``s`` is
 exported as tid and ``args.stream`` ``s + 1``; the row's name keeps our number ("stream 0 pipeline-h2d"). The
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from dataclasses import astuple
 from typing import Any
 
@@ -107,6 +111,24 @@ def _memory_events(memory: dict[str, np.ndarray], origin: int, backend: dict[int
     ]
 
 
+def _counter_events(counters: dict[str, np.ndarray], origin: int) -> list[dict]:
+    """Counter samples as ``C`` events (in table order): the host's in the host process, a device's in its own."""
+    rows = zip(*(counters[c].tolist() for c in ("time_ns", "device", "name", "unit", "value")))
+    return [
+        {
+            "ph": "C",
+            "cat": "counter",
+            "name": name,
+            "pid": HOST_PID if dev < 0 else dev,
+            "tid": 0,
+            "ts": _us(t - origin),
+            "args": {unit: value},
+        }
+        for t, dev, name, unit, value in rows
+        if math.isfinite(value)
+    ]
+
+
 def _host_tid(stream: int) -> int:
     """The host process's thread of a host row: 1 for the workbench's own row (-1), k for thread row -k."""
     return -stream if stream < 0 else _HOST_TID
@@ -152,8 +174,11 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
     synthetic = int(corr.max()) + 1 if (corr >= 0).any() else 1
     correlation = np.where(corr >= 0, corr, synthetic + np.arange(n))
     enqueues = device_work & ~called & (enqueue_col >= 0) if runtime_events else np.zeros(n, bool)
+    counters = trace.counters() if hasattr(trace, "counters") else None
     times = [start_col] + ([enqueue_col[enqueue_col >= 0]] if runtime_events else [])
-    origin = int(min(t.min() for t in times if t.size)) if start_col.size else 0
+    if counters is not None:
+        times.append(counters["time_ns"])
+    origin = int(min(t.min() for t in times if t.size)) if any(t.size for t in times) else 0
     backend = {dev: clock.key.partition(":")[0] for dev, clock in clocks.items()}
 
     events: list[dict] = []
@@ -164,7 +189,7 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
     host_tids = {_host_tid(int(s)) for s in np.unique(stream_col[host]).tolist()}
     if enqueues.any():
         host_tids.add(_HOST_TID)
-    if host_tids:
+    if host_tids or (counters is not None and (counters["device"] < 0).any()):
         meta("process_name", HOST_PID, 0, name="host")
         meta("process_sort_index", HOST_PID, 0, sort_index=-1)
         for tid, name in _host_thread_names(host_tids, labels).items():
@@ -275,6 +300,8 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
             events.append({"ph": "f", "bp": "e", **flow, "pid": dev, "tid": tid, "ts": ts})
 
     events += _memory_events(trace.memory_table(), origin, backend)
+    if counters is not None:
+        events += _counter_events(counters, origin)
 
     doc = {
         "schemaVersion": 1,

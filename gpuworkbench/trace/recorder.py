@@ -15,13 +15,15 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from .. import listeners
 from .columns import Columns, DeviceClock, TraceStats
+from .counters import Counting, wanted
+from .crossovers import CROSSOVERS, provide_crossovers  # noqa: F401 - the package root imports the second from here
 from .cupti.clock import WindowClock
 from .cupti.foreign import ForeignRecords
 from .cupti.ops import ROW, CuptiOps
@@ -53,13 +55,14 @@ _ident = threading.get_ident
 _KERNEL = KIND_CODE["kernel"]
 
 
-class Trace(CuptiTracing, Harvesting):
+class Trace(CuptiTracing, Harvesting, Counting):
     """Spans of every op enqueued while active. Use as ``with gw.trace() as t:``; nothing here synchronizes a device.
 
     ``capacity`` bounds the rows kept (the newest win); ``interval_s`` is the harvester's polling period (20 Hz by
     default: live views refresh at 10–30 Hz, and each CUPTI flush briefly contends with launches);
     ``source`` is "auto" (CUPTI on CUDA where it starts, else events) or "events" to force the fallback; ``lines``:
-    each span carries the source line that issued it (``trace/lines.py``; ``statistics().lines``).
+    each span carries the source line that issued it (``trace/lines.py``; ``statistics().lines``); ``counters``: the
+    host's CPU and memory, and devices' counters where offered, sampled while it records (``counters()``).
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class Trace(CuptiTracing, Harvesting):
         source: str = "auto",
         others: bool | None = None,
         lines: bool = False,
+        counters: bool = False,
     ) -> None:
         if source not in ("auto", "events", "cupti"):
             raise ValueError(f"trace source must be 'auto', 'events' or 'cupti', not {source!r}")
@@ -77,6 +81,7 @@ class Trace(CuptiTracing, Harvesting):
         #: Whether other libraries' CUDA work (CuPy, PyTorch ...) is captured too (CUPTI from the trace's start):
         #: on unless ``others=False`` or ``GPUWB_TRACE_OTHERS=0``.
         self.others = _others(others)
+        self.counting = wanted(counters)  # counter tracks (trace/counters.py)
         self._spans = Columns(COLUMNS, capacity, DEFAULTS)
         self._memory = Columns(MEMORY_COLUMNS, capacity)
         self._pending: deque[tuple] = deque()  # ops timed by events, not yet looked at (layout above)
@@ -148,6 +153,7 @@ class Trace(CuptiTracing, Harvesting):
         listeners.add(self)
         self._stop.clear()
         self._thread = HARVEST_THREADS.run(self._harvest_loop, f"gpuworkbench-trace-{self.id}")
+        self._start_counters()
         return self
 
     def stop(self) -> None:
@@ -156,6 +162,7 @@ class Trace(CuptiTracing, Harvesting):
         self._stop_sites()
         self.stopped_ns = time.perf_counter_ns()
         self._stop.set()
+        self._stop_counters()
 
     def __enter__(self) -> Trace:
         return self.start()
@@ -462,6 +469,10 @@ class Trace(CuptiTracing, Harvesting):
         """A Bokeh plot of bytes held per device over time beside the device's used total (``viz.memory_figure``)."""
         return pictures().trace_memory_plot(self, **kw)
 
+    def counters_plot(self, **kw: Any):  # noqa: ANN201 - a bokeh figure
+        """A Bokeh plot of the counter tracks (``counters()``), a line per counter (``viz.counters_figure``)."""
+        return pictures().trace_counters_plot(self, **kw)
+
     def show(self, window: tuple[int, int] | None = None):  # noqa: ANN201 - None in a notebook, else a bokeh layout
         """Display timeline, memory plot and summary (over ``window``) in a notebook; elsewhere return the layout."""
         return pictures().show_trace(self, window=window)
@@ -546,21 +557,6 @@ def pictures() -> Any:
     return viz
 
 
-class _Crossovers:
-    """Who gives ``Trace.summary`` its crossover figures: a function of the trace (the kernel library registers one)."""
-
-    provider: Callable[[Trace], Any] | None = None
-
-
-CROSSOVERS = _Crossovers()
-
-
-def provide_crossovers(provider: Callable[[Trace], Any] | None) -> None:
-    """Have ``Trace.summary`` ask ``provider(trace)`` for crossover figures (per device number, a CrossoverPoint per
-    kernel name), for the ``too-small-for-gpu`` advice; None stops asking."""
-    CROSSOVERS.provider = provider
-
-
 def _others(others: bool | None) -> bool:
     """Whether a trace records other libraries' CUDA work: ``others``, or unless ``GPUWB_TRACE_OTHERS=0``."""
     return others if others is not None else os.environ.get("GPUWB_TRACE_OTHERS", "1") != "0"
@@ -578,8 +574,10 @@ def new_trace(
     source: str = "auto",
     others: bool | None = None,
     lines: bool = False,
+    counters: bool = False,
 ) -> Trace:
     """A new, unstarted Trace: the one made ahead (``make_spares``) where it was made with these arguments."""
+    counting = wanted(counters)  # checked before a spare is taken
     spare = _SPARES.pop() if _SPARES else None
     args = (capacity, interval_s, source, _others(others))
     if spare is not None and (spare.capacity, spare.interval_s, spare.source, spare.others) == args:
@@ -591,6 +589,7 @@ def new_trace(
         trace = Trace(capacity=capacity, interval_s=interval_s, source=source, others=others)
     if lines:
         trace.lines = SourceLines()
+    trace.counting = counting
     return trace
 
 

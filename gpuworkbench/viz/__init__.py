@@ -10,6 +10,7 @@ from typing import Any
 
 from .._format import in_notebook
 from .compare import comparison_figure
+from .counters import counters_figure, trace_counters_plot
 from .inline import inline_setup
 from .memory import memory_figure, trace_memory_plot
 from .palette import KIND_COLORS, STATE_COLORS
@@ -19,9 +20,9 @@ from .timeline_data import DETAIL_LIMIT, WEBGL_THRESHOLD
 
 
 def trace_layout(trace: Any, window: tuple[int, int] | None = None, summary: Any = None) -> Any:
-    """Timeline, memory plot (sharing its time axis), the overview strip that moves both, and the summary table of a
-    trace, as one Bokeh column; above them, where the trace recorded source lines, the source view (tapping a line
-    picks out its spans on the timeline).
+    """Timeline, memory plot (sharing its time axis), the counter tracks where the trace sampled counters, the overview
+    strip that moves them, and the summary table of a trace, as one Bokeh column; above them, where the trace recorded
+    source lines, the source view (tapping a line picks out its spans on the timeline).
 
     ``window`` (start_ns, end_ns), e.g. a cell's wall time, is the summary's W instead of first-to-last op;
     ``summary``: that ``trace.summary(window=window)`` where the caller has it already.
@@ -33,7 +34,8 @@ def trace_layout(trace: Any, window: tuple[int, int] | None = None, summary: Any
     memory = trace_memory_plot(trace, x_range=timeline.x_range)
     if summary is None:
         summary = trace.summary(window=window)
-    parts = [timeline, memory, overview, Div(text=summary._repr_html_(), sizing_mode="stretch_width")]
+    counters = [trace_counters_plot(trace, x_range=timeline.x_range)] if getattr(trace, "counting", False) else []
+    parts = [timeline, memory, *counters, overview, Div(text=summary._repr_html_(), sizing_mode="stretch_width")]
     if getattr(trace, "locations", None):
         parts.insert(0, source_figure(trace, timeline))
     return column(*parts, sizing_mode="stretch_width")
@@ -51,6 +53,11 @@ def show_trace(trace: Any, window: tuple[int, int] | None = None, summary: Any =
     from .notebook_doc import fast_path_applies
 
     if fast_path_applies():
+        if getattr(trace, "counting", False):  # counter tracks: not a kept shape (``reuse``); built each time
+            from .notebook_doc import publish
+
+            publish(trace_layout(trace, window, summary))
+            return None
         from .reuse import show_trace_reused
 
         show_trace_reused(trace, window, summary, trace_layout)
@@ -118,6 +125,7 @@ __all__ = [
     "STATE_COLORS",
     "WEBGL_THRESHOLD",
     "comparison_figure",
+    "counters_figure",
     "Live",
     "in_notebook",
     "inline_setup",
@@ -129,6 +137,7 @@ __all__ = [
     "timeline_view",
     "trace_layout",
     "trace_memory_plot",
+    "trace_counters_plot",
     "trace_timeline",
     "warm_up",
 ]

@@ -1,0 +1,240 @@
+"""Counter tracks (``gw.trace(counters=True)``): the host's CPU and memory sampled beside the spans on the CPU backend,
+what OpenCL (PoCL) and devices without a source say, a failing source, the sampler's thread, Chrome "C" events and
+``%%gpu --counters``."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import gpuworkbench as gw
+from gpuworkbench.trace import counter_sources
+from gpuworkbench.trace.counter_sources import CPU_UNIT, HOST, HOST_RATE_HZ, Counter, offer
+from gpuworkbench.trace.counters import COLUMNS
+from gpuworkbench.trace.export import HOST_PID
+
+HOST_COUNTERS = {c.name: c.unit for c in counter_sources.HostSource.counters}
+SAMPLED_S = 0.35
+
+
+def counter_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("gpuworkbench-counters")]
+
+
+def work(dev: gw.Device, n: int = 8) -> None:
+    """A short CPU workload: allocations and copies, then a pause the sampler samples through."""
+    a = dev.alloc(1 << 16, "float32")
+    h = np.ones(1 << 16, np.float32)
+    for _ in range(n):
+        a.copy_from_host(h)
+    time.sleep(SAMPLED_S)
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    """One CPU-backend trace with counters over a short workload (shared: it sleeps SAMPLED_S)."""
+    dev = gw.Device("cpu")
+    with gw.trace(counters=True) as t:
+        work(dev)
+    return t
+
+
+def test_cpu_trace_samples_each_host_counter_with_plausible_values(sampled):
+    c = sampled.counters()
+    assert list(c) == list(COLUMNS)
+    assert set(c["device"].tolist()) == {HOST}
+    assert {(n, u) for n, u in zip(c["name"], c["unit"])} == set(HOST_COUNTERS.items())
+    for name, unit in HOST_COUNTERS.items():
+        values = c["value"][c["name"] == name]
+        known = values[np.isfinite(values)]
+        assert known.size >= 1, name
+        if unit == CPU_UNIT:
+            assert ((known >= 0) & (known <= 100)).all(), (name, known)
+        else:
+            assert (known > 0).all(), (name, known)
+    rss = c["value"][c["name"] == "process RSS"]
+    used = c["value"][c["name"] == "host memory used"]
+    total = psutil.virtual_memory().total
+    assert rss.min() > 1 << 20 and used.max() < total  # bytes (not kB or pages) of this host
+
+
+def test_samples_lie_inside_the_trace_at_about_the_stated_rate(sampled):
+    c = sampled.counters()
+    assert (c["time_ns"] >= sampled.started_ns).all() and (c["time_ns"] <= sampled.stopped_ns).all()
+    assert c["time_ns"].max() == sampled.stopped_ns  # the last sample, taken as it stopped
+    duration_s = (sampled.stopped_ns - sampled.started_ns) / 1e9
+    assert duration_s >= SAMPLED_S
+    for name in HOST_COUNTERS:
+        times = c["time_ns"][c["name"] == name]
+        assert np.all(np.diff(times) > 0), name  # one sample of each counter at a time, in order
+        # never faster than the rate (+ the first at the start and the last at the stop)
+        assert 3 <= times.size <= duration_s * HOST_RATE_HZ + 2, (name, times.size, duration_s)
+    first = c["value"][(c["unit"] == CPU_UNIT) & (c["time_ns"] == c["time_ns"].min())]
+    assert first.size == 2 and np.isnan(first).all()  # a share needs an interval: the first sample has none
+    assert sampled.counter_sources["host"] == f"psutil, {HOST_RATE_HZ:g} Hz"
+    assert "host" in sampled.counter_sources["cpu:0"]
+    assert not [w for w in sampled.stats.warnings if w.startswith("counters")]
+
+
+def test_the_sampler_ends_with_the_trace(sampled):
+    sampled.counters()  # a stopped trace's reader waits for its last sample
+    assert f"gpuworkbench-counters-{sampled.id}" not in counter_threads()
+    dev = gw.Device("cpu")
+    with gw.trace(counters=True) as t:
+        dev.alloc(1024, "float32").copy_from_host(np.ones(1024, np.float32))
+        assert f"gpuworkbench-counters-{t.id}" in counter_threads()
+    deadline = time.monotonic() + 5
+    while f"gpuworkbench-counters-{t.id}" in counter_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)  # nobody reads it: the thread ends by itself
+    assert f"gpuworkbench-counters-{t.id}" not in counter_threads()
+    c = t.counters()  # a trace shorter than a period has its first and its last sample of each counter
+    assert sorted(c["name"].tolist()) == sorted([*HOST_COUNTERS, *HOST_COUNTERS])
+
+
+def test_without_counters_nothing_is_sampled_and_no_thread_starts():
+    dev = gw.Device("cpu")
+    before = counter_threads()
+    with gw.trace() as t:
+        dev.alloc(1024, "float32").copy_from_host(np.ones(1024, np.float32))
+        during = counter_threads()
+    assert during == before
+    c = t.counters()
+    assert list(c) == list(COLUMNS) and all(v.size == 0 for v in c.values())
+    assert t.counter_sources == {}
+    built = gw.Trace.from_records([{"kind": "kernel", "stream": 0, "start_ns": 0, "end_ns": 5}])
+    assert built.counters()["name"].size == 0
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_counters_takes_only_a_bool(bad):
+    with pytest.raises(gw.InvalidArgument, match=f"counters must be True or False, not {bad!r}"):
+        gw.trace(counters=bad)
+    with pytest.raises(gw.InvalidArgument, match="counters"):
+        gw.Trace(counters=bad)
+
+
+class Failing:
+    """A host source whose second sample raises."""
+
+    device = HOST
+    counters = (Counter("ticks", "count"),)
+    rate_hz = 50.0
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.closed = False
+
+    def sample(self) -> list[float]:
+        self.calls += 1
+        if self.calls >= 2:
+            raise OSError("sensor gone")
+        return [float(self.calls)]
+
+    def describe(self) -> str:
+        return "a test source, 50 Hz"
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_source_that_raises_gives_one_warning_and_the_spans_stay(monkeypatch):
+    source = Failing()
+    monkeypatch.setattr(counter_sources, "host_source", lambda: source)
+    dev = gw.Device("cpu")
+    with gw.trace(counters=True) as t:
+        a = dev.alloc(1 << 12, "float32")
+        for _ in range(5):
+            a.copy_from_host(np.ones(1 << 12, np.float32))
+        time.sleep(0.1)  # 5 periods: the source fails at its second sample and is never asked again
+    c = t.counters()
+    failed = [w for w in t.stats.warnings if "failed" in w]
+    assert failed == ["counters: host (a test source, 50 Hz) failed: OSError('sensor gone'); its samples end"]
+    assert source.calls == 2 and source.closed
+    assert c["value"].tolist() == [1.0] and c["name"].tolist() == ["ticks"]
+    kinds = [s.kind for s in t.spans]
+    assert kinds.count("h2d") == 5 and kinds.count("alloc") == 1
+
+
+class Miscounting(Failing):
+    """A source that returns two values for its one counter."""
+
+    def sample(self) -> list[float]:
+        self.calls += 1
+        return [1.0, 2.0]
+
+
+def test_a_source_that_returns_the_wrong_number_of_values_is_dropped(monkeypatch):
+    monkeypatch.setattr(counter_sources, "host_source", Miscounting)
+    with gw.trace(counters=True) as t:
+        gw.Device("cpu").alloc(1024, "float32")
+    assert t.counters()["value"].size == 0
+    assert [w for w in t.stats.warnings if w.startswith("counters")] == [
+        "counters: host (a test source, 50 Hz) failed: ValueError('2 values for 1 counters'); its samples end"
+    ]
+
+
+def test_pocl_says_it_offers_none_and_the_host_is_sampled():
+    opencl = [d for d in gw.devices() if d.backend == "opencl"]
+    if not opencl:
+        pytest.skip("no OpenCL device (pip install pyopencl[pocl])")
+    dev = gw.Device("opencl:0")
+    with gw.trace(counters=True) as t:
+        dev.alloc(1024, "float32").copy_from_host(np.ones(1024, np.float32))
+    c = t.counters()
+    notes = [w for w in t.stats.warnings if w.startswith("counters")]
+    assert notes == [
+        "counters: opencl:0 (PoCL) offers none; the host's CPU and memory are sampled instead"
+        " (this device runs on them)"
+    ]
+    assert t.counter_sources["opencl:0"].startswith("none (PyOpenCL exposes no utilization or memory counter)")
+    assert set(c["device"].tolist()) == {HOST} and set(c["name"].tolist()) == set(HOST_COUNTERS)
+
+
+def test_what_other_devices_offer():
+    host = "psutil, 10 Hz"
+    cuda = offer(0, "cuda:0", "NVIDIA H100", host)
+    assert cuda.source is None
+    assert cuda.note == "counters: no source for cuda:0 in this build; the host's CPU and memory are sampled instead"
+    gpu = offer(1, "webgpu:0", "AMD Radeon Pro W7900", host)
+    assert gpu.note == (
+        "counters: webgpu:0 (AMD Radeon Pro W7900) offers none; the host's CPU and memory are sampled instead"
+    )
+    assert "runs on the host" not in gpu.says
+    lavapipe = offer(1, "webgpu:0", "llvmpipe (LLVM 15.0.6, 256 bits) (CPU) via Vulkan", host)
+    assert lavapipe.note.endswith("(this device runs on them)")
+    cpu = offer(2, "cpu:0", "Intel Xeon", host)
+    assert cpu.note == "" and host in cpu.says
+
+
+def test_export_writes_counter_events(sampled, tmp_path):
+    doc = sampled.to_chrome_trace(str(tmp_path / "t.json"))
+    events = doc["traceEvents"]
+    counters = [e for e in events if e["ph"] == "C"]
+    c = sampled.counters()
+    assert len(counters) == int(np.isfinite(c["value"]).sum())
+    assert {(e["name"], *e["args"]) for e in counters} == set(HOST_COUNTERS.items())
+    assert all(e["pid"] == HOST_PID and e["ts"] >= 0 and math.isfinite(*e["args"].values()) for e in counters)
+    origin = doc["gpuworkbench"]["origin_host_ns"]
+    first = min(counters, key=lambda e: e["ts"])
+    assert round(origin / 1000 + first["ts"], 3) == round(int(c["time_ns"].min()) / 1000, 3)
+    names = [e for e in events if e["ph"] == "M" and e["pid"] == HOST_PID and e["name"] == "process_name"]
+    assert names and names[0]["args"]["name"] == "host"
+    assert not [e for e in gw.Trace().to_chrome_trace()["traceEvents"] if e["ph"] == "C"]
+
+
+def test_gpu_cell_magic_records_counters_with_the_option(shell):
+    cell = "a = gw.Device('cpu').alloc(1024, 'float32')\na.copy_from_host(np.ones(1024, np.float32))\n"
+    shell.user_ns.update(gw=gw, np=np)
+    try:
+        shell.run_cell_magic("gpu", "--counters --no-show -o with_counters", cell)
+        shell.run_cell_magic("gpu", "--no-show -o without", cell)
+        assert set(shell.user_ns["with_counters"].counters()["name"].tolist()) == set(HOST_COUNTERS)
+        assert shell.user_ns["without"].counters()["name"].size == 0
+    finally:
+        for name in ("a", "with_counters", "without"):
+            shell.user_ns.pop(name, None)
