@@ -11,8 +11,14 @@ The file is written the way Kineto writes one: per training op a ``cpu_op`` rang
 the kernel or copy it enqueued on one of four streams (``args.device`` / ``stream`` / ``correlation``, grid and block),
 and the ``ac2g`` flow pair between them; python_function events too.
 Run from the repository root:
-``python benchmarks/bench_load_trace.py [events] [--timeline-events N] [--repeat N] [--keep DIR] [--json out.json]``
-(``--keep``: write the files there, and reuse those an earlier run wrote for the same sizes).
+``python benchmarks/bench_load_trace.py [events] [--timeline-events N] [--repeat N] [--keep DIR] [--json out.json]
+[--one-core | --pinned]`` (``--keep``: write the files there, and reuse those an earlier run wrote for the same sizes).
+
+By default a load of a large file forks a helper process that decodes every other piece (``kineto_helper.can_help``:
+Linux, two cores or more, no other thread running, no CUDA library loaded). ``--one-core`` loads the way a notebook
+kernel or a process with CUDA loaded does: the child starts an idle thread first, so no helper is forked and the decode
+runs on one core (the thread that gunzips a ``.gz`` file may still run on another). ``--pinned`` pins the child to
+one CPU as well (no helper either): the decode, the gunzip and everything else share that core.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -117,8 +124,13 @@ def write_files(folder: str, n_events: int, packed: bool) -> tuple[str, str | No
 # ---------------------------------------------------------------------------------------------- the child
 
 
-def child(path: str, views: bool) -> None:
-    """Load ``path`` (in this fresh process) and print the figures as one JSON line."""
+def child(path: str, views: bool, cores: str) -> None:
+    """Load ``path`` (in this fresh process) and print the figures as one JSON line (``cores``: "one" or "pinned"
+    to load without the helper process, see the module's docstring; "" as ``load_trace`` decides)."""
+    if cores == "pinned":
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    elif cores == "one":  # a notebook kernel runs threads: can_help says no
+        threading.Thread(target=time.sleep, args=(1e6,), name="bench-idle", daemon=True).start()
     import gpuworkbench as gw
 
     out: dict = {"rss_before_mb": _peak_mb()}
@@ -148,6 +160,11 @@ def child(path: str, views: bool) -> None:
     print(json.dumps(out))
 
 
+def results_cores(cores: str) -> str:
+    """How the loads run, in words."""
+    return {"one": "one core (no helper process)", "pinned": "pinned to one CPU"}.get(cores, "helper where it helps")
+
+
 def _peak_mb() -> float:
     """This process's peak RSS in MB: VmHWM (ru_maxrss keeps the peak of the process that forked it before exec)."""
     try:
@@ -157,12 +174,12 @@ def _peak_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(path: str, views: bool, repeat: int) -> dict:
+def measure(path: str, views: bool, repeat: int, cores: str = "") -> dict:
     """The figures of the fastest of ``repeat`` loads, each in a fresh process (the largest peak RSS of them)."""
     runs = []
     for _ in range(repeat):
         done = subprocess.run(
-            [sys.executable, __file__, "--child", path] + (["--views"] if views else []),
+            [sys.executable, __file__, "--child", path, "--cores", cores] + (["--views"] if views else []),
             capture_output=True,
             text=True,
             check=False,
@@ -173,6 +190,7 @@ def measure(path: str, views: bool, repeat: int) -> dict:
     best = min(runs, key=lambda r: r["load_s"])
     best["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
     best["helper_peak_rss_mb"] = max(r["helper_peak_rss_mb"] for r in runs)
+    best["load_s_all"] = [r["load_s"] for r in runs]
     return best
 
 
@@ -186,18 +204,23 @@ def main() -> None:
     parser.add_argument("--keep", help="write the files to this folder, reusing those there (default: a temporary one)")
     parser.add_argument("--repeat", type=int, default=3, help="loads of each file (each in a fresh process)")
     parser.add_argument("--json", help="also write the results here")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--one-core", action="store_true", help="load without the helper process, as a notebook does")
+    how.add_argument("--pinned", action="store_true", help="load pinned to one CPU (no helper, gunzip on that CPU)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--cores", default="", help=argparse.SUPPRESS)
     parser.add_argument("--views", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.child:
-        return child(opts.child, opts.views)
+        return child(opts.child, opts.views, opts.cores)
+    cores = "pinned" if opts.pinned else "one" if opts.one_core else ""
     folder = opts.keep or tempfile.mkdtemp(prefix="gpuwb-bench-")
     os.makedirs(folder, exist_ok=True)
     t0 = time.perf_counter()
     plain, packed = write_files(folder, opts.events, packed=True)
     json_mb, gz_mb = os.path.getsize(plain) / 1e6, os.path.getsize(packed) / 1e6
     print(f"{opts.events} events: {json_mb:.1f} MB of JSON, {gz_mb:.1f} MB gzip-compressed (written or found in "
-          f"{time.perf_counter() - t0:.0f} s); CPU cores: {os.cpu_count()}")  # fmt: skip
+          f"{time.perf_counter() - t0:.0f} s); CPU cores: {os.cpu_count()}; loads: {results_cores(cores)}")  # fmt: skip
     results: dict = {
         "date": time.strftime("%Y-%m-%d"),
         "cpu_cores": os.cpu_count(),
@@ -205,6 +228,7 @@ def main() -> None:
         "json_mb": json_mb,
         "json_gz_mb": gz_mb,
         "repeat": opts.repeat,
+        "cores": results_cores(cores),
     }
     own = os.path.join(folder, f"own-{opts.events}.json.gz")
     if not os.path.exists(own):
@@ -212,7 +236,7 @@ def main() -> None:
 
         gw.load_trace(plain).to_chrome_trace(own)
     for label, path in (("json", plain), ("json.gz", packed), ("own export", own)):
-        r = measure(path, views=label == "json", repeat=opts.repeat)
+        r = measure(path, views=label == "json", repeat=opts.repeat, cores=cores)
         results[label] = r
         helper = f", helper process {r['helper_peak_rss_mb']:.0f} MB" if r["helper_peak_rss_mb"] > 1 else ""
         if label == "own export":  # its own JSON: no MB/s against the Kineto file's size
@@ -223,7 +247,7 @@ def main() -> None:
         print(
             f"{label:10} load {r['load_s']:.2f} s = {r['mb_per_s']:.0f} MB/s of JSON; peak RSS {r['peak_rss_mb']:.0f} "
             f"MB = {r['peak_rss_x_file']:.2f}x the JSON (before the load {r['rss_before_mb']:.0f} MB{helper}); "
-            f"{r['spans']} spans (best of {opts.repeat})"
+            f"{r['spans']} spans (best of {opts.repeat}: {' '.join(f'{s:.2f}' for s in r['load_s_all'])} s)"
         )
         if "summary_s" in r:
             views = f"{'':10} summary() {r['summary_s']:.2f} s, statistics() {r['statistics_s']:.2f} s"
@@ -232,7 +256,7 @@ def main() -> None:
             print(views)
     n = min(opts.timeline_events, opts.events)
     path = plain if n == opts.events else write_files(folder, n, packed=False)[0]
-    r = measure(path, views=True, repeat=opts.repeat)
+    r = measure(path, views=True, repeat=opts.repeat, cores=cores)
     r["events"], r["json_mb"] = n, os.path.getsize(path) / 1e6
     r["file_to_timeline_s"] = r["load_s"] + r.get("timeline_s", float("nan"))
     results["file_to_timeline"] = r

@@ -17,8 +17,8 @@ enqueued, is charged to the user line on its Python stack (``loc``, ``trace.loca
 ``kineto_stacks.py``), so that ``statistics().lines`` works on it.
 
 The file is decoded piece by piece into typed events and each group's fields into NumPy columns (``kineto_read.py``,
-``kineto_decode.py``: no dict per event, no whole document held); every step after that works on columns
-(``kineto_events.py``), and the trace's table is filled with one ``extend_columns`` (``Trace.finished``).
+``kineto_types.py``, ``kineto_decode.py``: no dict per event, no whole document held); every step after that works
+on columns (``kineto_events.py``), and the trace's table is filled with one ``extend_columns`` (``Trace.finished``).
 Device work with a negative ``dur`` is refused, naming the event.
 """
 
@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from .columns import DeviceClock
 from .export import HOST_PID, STREAM_OFFSET
-from .kineto_decode import MISSING, EventGroups, Group
+from .kineto_decode import EventGroups, Group
 from .kineto_events import (
     collector_paused,
     concat_blocks,
@@ -48,6 +48,7 @@ from .kineto_events import (
 )
 from .kineto_read import read_events
 from .kineto_stacks import Frames, stack_locations
+from .kineto_types import MISSING
 from .lines import Location
 from .recorder import Trace
 from .spans import KIND_CODE, thread_stream

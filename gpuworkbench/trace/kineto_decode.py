@@ -1,127 +1,38 @@
-"""Trace events decoded straight into columns: msgspec Structs that hold only the fields the loader reads (no dict
-per event; one Struct type per phase, so that a flow carries no name and a skipped phase nothing), sorted into groups
-by phase and category piece by piece (``read_piece``), each group's fields gathered into NumPy columns while the
-piece's Structs are let go, and the pieces joined in the file's order (``Collector``, ``EventGroups``).
+"""Trace events decoded straight into columns: the typed events of a piece (``kineto_types.py``) sorted into groups
+by phase and category (``read_piece``), each group's fields gathered into NumPy columns while the piece's Structs are
+let go, and the pieces joined in the file's order (``Collector``, ``EventGroups``).
 
 Names, pids and tids become codes into tables (``EventGroups.names``, ``ids``), so that a string repeated a million
-times is held once. A file whose events do not fit these types (a name that is a number, a float where an int
-belongs, ``NaN``) is read by ``kineto_read.py``'s slower path, which gives such events these types first
-(``typed_events``)."""
+times is held once."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from itertools import chain
+from itertools import chain, compress
 from operator import attrgetter
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import numpy as np
 
 from ..errors import InvalidArgument
 from .kineto_events import int_or
-from .spans import pack_dim3
-
-#: An int arg the event does not have (device and stream fall back to its pid and tid).
-MISSING = int(np.iinfo(np.int64).min)
-
-
-class Args(msgspec.Struct, frozen=True, gc=False):
-    """The ``args`` keys the readers use: Kineto's device work and memory events, metadata names, and what our own
-    exports add (``op``, ``kind``, ``enqueued (us)``, ``held_bytes``, ``used_bytes``, ``source location``); every
-    other key is skipped.
-    An int may come as a string (roctracer writes a runtime call's stream as a pointer): ``_ints`` reads it."""
-
-    device: int | str = MISSING
-    stream: int | str = MISSING
-    correlation: int | str = -1
-    bytes: int | str = 0
-    grid: tuple[int, int, int] = (0, 0, 0)
-    block: tuple[int, int, int] = (0, 0, 0)
-    pinned: int | bool = -1
-    name: Any = None
-    op: Any = None
-    kind: Any = None
-    enqueued: Any = msgspec.field(default=None, name="enqueued (us)")
-    device_type: int | str = msgspec.field(default=-1, name="Device Type")
-    device_id: int | str = msgspec.field(default=0, name="Device Id")
-    total_allocated: int | str = msgspec.field(default=0, name="Total Allocated")
-    held_bytes: int | str = 0
-    used_bytes: int | str = -1
-    source_location: int | str = msgspec.field(default=-1, name="source location")
-
-
-NO_ARGS = Args()  # shared by every event without args (frozen: nothing can change it)
-
-
-_ID = int | float | str | None  # what a pid or tid may be (Kineto writes "" on global events)
-
-
-class Event(msgspec.Struct, gc=False, tag_field="ph"):
-    """A trace event of a phase the loader does not read (its fields are skipped); the phase's letter (``ph``)
-    picks the Struct, so that no event carries more than its phase needs."""
-
-
-class Complete(Event, tag="X"):
-    """A complete event: device work, runtime calls, ranges, Python calls."""
-
-    cat: str = ""
-    name: str = ""
-    pid: _ID = None
-    tid: _ID = None
-    ts: float = float("nan")  # NaN is no JSON: it says the event has no ts
-    dur: float = 0.0
-    args: Args = NO_ARGS
-
-
-class FlowStart(Event, tag="s"):
-    """The start of a flow (``ac2g``: from a runtime call to the device work it enqueued)."""
-
-    cat: str = ""
-    pid: _ID = None
-    tid: _ID = None
-    ts: float = float("nan")
-    id: int | str | None = None
-
-
-class FlowEnd(FlowStart, tag="f"):
-    """The end of a flow."""
-
-
-class Instant(Event, tag="i"):
-    """An instant event (PyTorch's ``[memory]``)."""
-
-    name: str = ""
-    pid: _ID = None
-    tid: _ID = None
-    ts: float = float("nan")
-    args: Args = NO_ARGS
-
-
-class Metadata(Event, tag="M"):
-    """A metadata event (``thread_name``, ``process_name``)."""
-
-    name: str = ""
-    pid: _ID = None
-    tid: _ID = None
-    args: Args = NO_ARGS
-
-
-#: The Chrome trace format's other phases ("B", "E", "C", "b", "e", "n", "P", "O", ...), every letter and "(", ")":
-#: a phase outside them is read by the slower path, which files it under "?".
-_OTHER = [
-    msgspec.defstruct(f"Phase{ord(c)}", [], bases=(Event,), tag=c)
-    for c in "?()ABCDEFGHIJKLNOPQRSTUVWYZabcdeghjklmnopqrtuvwxyz"
-]
-PHASES = frozenset("Xsfi M".replace(" ", "")) | {cls.__struct_config__.tag for cls in _OTHER}
-_ANY = Union[(Complete, FlowStart, FlowEnd, Instant, Metadata, *_OTHER)]  # noqa: UP007 (built from a list)
-#: Flows as Structs with no fields: where no event needs a flow to be linked, their fields are not even decoded.
-_UNREAD_FLOWS = [msgspec.defstruct(f"Unread{ord(c)}", [], bases=(Event,), tag=c) for c in "sf"]
-EVENTS = msgspec.json.Decoder(list[_ANY])
-EVENTS_WITHOUT_FLOWS = msgspec.json.Decoder(
-    list[Union[(Complete, *_UNREAD_FLOWS, Instant, Metadata, *_OTHER)]]  # noqa: UP007
+from .kineto_types import (
+    KINETO_COMPLETE,
+    KINETO_INSTANT,
+    KINETO_METADATA,
+    NO_ARGS,
+    OBJECT_ARGS,
+    Complete,
+    Event,
+    FlowEnd,
+    FlowStart,
+    Instant,
+    Metadata,
+    decoder,
+    int_arg,
 )
+from .spans import pack_dim3
 
 #: Event categories (lower case) -> the group they are read into; others (Trace, overhead, ...) are skipped.
 _X_GROUPS = {
@@ -156,13 +67,21 @@ _OWN_ARGS = {
     "range": ("correlation", "kind", "device", "bytes", "op", "enqueued", "source_location"),
     "memory": ("held_bytes", "used_bytes"),
 }
-_OBJECT_ARGS = frozenset(("grid", "block", "op", "kind", "enqueued", "name"))
+#: Args with few distinct values (hashable: ints, strings, ``grid`` / ``block`` tuples), gathered together.
+_FEW = frozenset(("device", "stream", "grid", "block", "device_type", "device_id"))
+#: The fields every read complete event has that become codes, gathered together (few distinct combinations).
+_HEAD = attrgetter("cat", "name", "pid", "tid")
 _CAT, _NAME, _PID, _TID = attrgetter("cat"), attrgetter("name"), attrgetter("pid"), attrgetter("tid")
 _TS, _DUR, _ID_OF, _ARGS_OF = attrgetter("ts"), attrgetter("dur"), attrgetter("id"), attrgetter("args")
 
 
 def _pick(events: list[Any], rows: np.ndarray) -> list[Any]:
     return list(map(events.__getitem__, rows.tolist()))
+
+
+def _where(events: list[Any], mask: np.ndarray) -> list[Any]:
+    """The events where ``mask`` (bool) is set: ``compress`` over its bytes, faster than ``_pick``."""
+    return list(compress(events, mask.tobytes()))
 
 
 class _Codes(dict):
@@ -187,12 +106,13 @@ class _Phases(dict):
 
 
 _PHASES = _Phases({Complete: _X, FlowStart: _S, FlowEnd: _F, Instant: _I, Metadata: _M})
+_PHASES.update({KINETO_COMPLETE: _X, KINETO_INSTANT: _I, KINETO_METADATA: _M})
 
 
 class Group:
     """One group's events as columns: ``index`` (position in traceEvents), ``ts`` / ``dur`` (µs, as in the file),
-    ``name`` / ``pid`` / ``tid`` / ``cat`` (codes into ``EventGroups``' tables; device work's pid and tid are -1
-    where no reader needs them), ``args`` (one column per kept key: int64 arrays, lists for values of any type)."""
+    ``name`` / ``pid`` / ``tid`` / ``cat`` (codes into ``EventGroups``' tables; -1: not read), ``args`` (one
+    column per kept key: int64 arrays, lists for values of any type)."""
 
     def __init__(self, columns: dict[str, Any], args: dict[str, Any]) -> None:
         self.index: np.ndarray = columns["index"]
@@ -281,11 +201,6 @@ class Piece:
         self.no_ts: tuple[int, str] | None = None
 
 
-def decoder(flows: bool) -> msgspec.json.Decoder:
-    """The decoder of a piece of events (flows with no fields where they are not kept)."""
-    return EVENTS if flows else EVENTS_WITHOUT_FLOWS
-
-
 def read_piece(events: list[Event], own: bool, flows: bool) -> Piece:
     """Sort decoded events into groups and gather each group's fields into columns. ``own``: keep the args our own
     exports write too; ``flows``: keep the ``ac2g`` flow events (read only to link device work and runtime calls
@@ -294,6 +209,11 @@ def read_piece(events: list[Event], own: bool, flows: bool) -> Piece:
 
 
 class _PieceReader:
+    """Reads one piece. The fields every complete event has (ts, dur, name, pid, tid) are gathered over all of the
+    piece's read complete events in file order, one pass per field, and split into groups with NumPy: a pass over a
+    group's events alone jumps through memory (device work is one event in six) and took twice as long per event on
+    the 2-core development machine. Only the args a group keeps are gathered per group."""
+
     def __init__(self, own: bool, flows: bool) -> None:
         self.own, self.flows = own, flows
         self.names, self.ids, self.cats = _Codes(), _Codes(), _Codes()
@@ -301,72 +221,127 @@ class _PieceReader:
     def read(self, events: list[Event]) -> Piece:
         n = len(events)
         piece = Piece(n)
-        phase = np.fromiter(map(_PHASES.__getitem__, map(type, events)), np.int8, n)
-        read = (phase == _X) | ((phase == _S) | (phase == _F)) & self.flows  # the events a category sorts
-        rows = np.flatnonzero(read)
-        cat = np.full(n, -1, np.int64)
-        cat[rows] = self._codes(self.cats, _CAT, _pick(events, rows))
-        groups = [_CODE[_X_GROUPS.get(c) or _X_GROUPS.get(c.lower(), "")] for c in self.cats.values]
-        group = np.zeros(n, np.int8)
-        x = phase == _X
-        group[x] = np.array(groups, np.int8)[cat[x]] if groups else 0
+        phase = np.frombuffer(bytes(map(_PHASES.__getitem__, map(type, events))), np.int8)
+        self._complete(events, phase == _X, piece)
         if self.flows:
-            flow = read & ~x
-            flow[flow] = np.array([c == "ac2g" for c in self.cats.values], bool)[cat[flow]]
-            group[flow & (phase == _S)] = _CODE["flow_start"]
-            group[flow & (phase == _F)] = _CODE["flow_end"]
-        for i in np.flatnonzero(phase == _I).tolist():
-            if events[i].name == "[memory]":
-                group[i] = _CODE["memory"]
+            rows = np.flatnonzero((phase == _S) | (phase == _F))
+            self._flows(events, rows, phase[rows] == _S, piece)
+        memory = [i for i in np.flatnonzero(phase == _I).tolist() if events[i].name == "[memory]"]
+        if memory:
+            rows = np.array(memory, np.int64)
+            cat = np.full(rows.size, -1, np.int64)  # an instant event has no category read
+            piece.groups[_CODE["memory"]] = self._columns("memory", _pick(events, rows), rows, cat, piece)
         for i in np.flatnonzero(phase == _M).tolist():
             _metadata(events[i], piece)
-        counts = np.bincount(group, minlength=len(GROUPS))
-        order = np.argsort(group, kind="stable")
-        ends = np.cumsum(counts)
-        for code in np.flatnonzero(counts[1:]).tolist():
-            code += 1
-            rows = order[ends[code] - counts[code] : ends[code]]
-            piece.groups[code] = self._columns(GROUPS[code], _pick(events, rows), rows, cat[rows], piece)
         piece.names, piece.ids, piece.cats = self.names.values, self.ids.values, self.cats.values
         return piece
 
+    def _complete(self, events: list[Event], complete: np.ndarray, piece: Piece) -> None:
+        """The complete events (``complete``: a mask) of the groups a category names, as columns per group."""
+        xs, rows = _where(events, complete), np.flatnonzero(complete)
+        heads = _Codes()  # (cat, name, pid, tid) -> code: one dict lookup per event for the four
+        head = np.fromiter(map(heads.__getitem__, map(_HEAD, xs)), np.int64, len(xs))
+        tables = (self.cats, self.names, self.ids, self.ids)
+        coded = np.array([[t[v] for t, v in zip(tables, h)] for h in heads.values], np.int64).reshape(-1, 4)
+        groups = np.array([_CODE[_X_GROUPS.get(c) or _X_GROUPS.get(c.lower(), "")] for c in self.cats.values], np.int8)
+        group = groups[coded[head, 0]] if head.size else np.zeros(0, np.int8)
+        kept = group != 0
+        if not kept.all():  # categories no reader reads (Trace, overhead ...)
+            xs, rows, head, group = _where(xs, kept), rows[kept], head[kept], group[kept]
+        m = len(xs)
+        if not m:
+            return
+        ts = np.fromiter(map(_TS, xs), np.float64, m)
+        self._check_ts(ts, rows, xs, piece)
+        common = {"index": rows, "ts": ts, "dur": np.fromiter(map(_DUR, xs), np.float64, m)}
+        for j, key in enumerate(("cat", "name", "pid", "tid")):
+            common[key] = coded[:, j][head]
+        counts = np.bincount(group, minlength=len(GROUPS))
+        codes = np.flatnonzero(counts).tolist()
+        every = list(map(_ARGS_OF, xs)) if any(self._keeps_args(GROUPS[code]) for code in codes) else []
+        if every and not self.own and {_CODE["device"], _CODE["api"]} <= set(codes):
+            common["args.correlation"] = _ints(every, "correlation")  # both read it: one pass in file order
+        for code in codes:
+            name, whole = GROUPS[code], counts[code] == m
+            mine = group == code
+            columns = {k: v if whole else v[mine] for k, v in common.items() if self._keeps(name, k)}
+            rest = self.own or any("args." + key not in columns for key in self._keys(name))
+            args = (every if whole else _where(every, mine)) if rest else []
+            columns["id"] = [None] * int(counts[code])
+            self._args(name, args, columns, piece)
+            piece.groups[code] = columns
+
+    def _flows(self, events: list[Event], rows: np.ndarray, start: np.ndarray, piece: Piece) -> None:
+        """The ``ac2g`` flow events as two groups (``rows``: the flow events of any category; ``start``: which of
+        them start a flow)."""
+        flows = _pick(events, rows)
+        cat = self._codes(self.cats, _CAT, flows)
+        ac2g = np.array([c == "ac2g" for c in self.cats.values], bool)[cat] if cat.size else np.zeros(0, bool)
+        for group, mine in (("flow_start", ac2g & start), ("flow_end", ac2g & ~start)):
+            sel = np.flatnonzero(mine)
+            if sel.size:
+                piece.groups[_CODE[group]] = self._columns(group, _pick(flows, sel), rows[sel], cat[sel], piece)
+
     def _columns(self, group: str, events: list[Any], index: np.ndarray, cat: np.ndarray, piece: Piece) -> dict:
-        """The columns of one group's events (``Complete`` events; flows and ``[memory]`` have no dur, flows no name
-        and no args)."""
+        """The columns of flows (no dur, no name, no args) or ``[memory]`` events (no dur)."""
         m = len(events)
         ts = np.fromiter(map(_TS, events), np.float64, m)
-        missing = np.flatnonzero(np.isnan(ts))  # NaN is no JSON: the default of an event without ts
-        if missing.size and (piece.no_ts is None or index[missing[0]] < piece.no_ts[0]):
-            piece.no_ts = int(index[missing[0]]), getattr(events[missing[0]], "name", "")
+        self._check_ts(ts, index, events, piece)
         flow = group.startswith("flow")
         columns: dict[str, Any] = {
             "index": index,
             "ts": ts,
-            "dur": np.zeros(m) if flow or group == "memory" else np.fromiter(map(_DUR, events), np.float64, m),
+            "dur": np.zeros(m),
             "name": np.full(m, self.names[""]) if flow else self._codes(self.names, _NAME, events),
+            "pid": self._codes(self.ids, _PID, events),
+            "tid": self._codes(self.ids, _TID, events),
             "cat": cat,
             "id": list(map(_ID_OF, events)) if flow else [None] * m,
         }
-        keys = _ARGS.get(group, ()) + (_OWN_ARGS.get(group, ()) if self.own else ())
-        args = list(map(_ARGS_OF, events)) if keys or (self.own and not flow) else []
-        columns["present"] = np.fromiter((a is not NO_ARGS for a in args), bool, m) if self.own and args else None
+        if flow:
+            columns["present"] = None
+        else:
+            self._args(group, list(map(_ARGS_OF, events)) if self._keeps_args(group) else [], columns, piece)
+        return columns
+
+    def _keeps_args(self, group: str) -> bool:
+        return self.own or group in _ARGS
+
+    def _keys(self, group: str) -> tuple[str, ...]:
+        """The args ``group`` keeps."""
+        return _ARGS.get(group, ()) + (_OWN_ARGS.get(group, ()) if self.own else ())
+
+    def _keeps(self, group: str, column: str) -> bool:
+        return not column.startswith("args.") or column[5:] in self._keys(group)
+
+    def _args(self, group: str, args: list[Any], columns: dict[str, Any], piece: Piece) -> None:
+        """The args ``group`` keeps (``_ARGS``, ``_OWN_ARGS``) as columns ``args.KEY`` (those ``columns`` lacks),
+        and ``present`` (``args``: the group's events' args, where it needs them)."""
+        m = len(columns["index"])
+        keys = [key for key in self._keys(group) if "args." + key not in columns]
+        columns["present"] = np.fromiter((a is not NO_ARGS for a in args), bool, m) if self.own else None
+        few = [key for key in keys if key in _FEW]
+        if few:  # one dict lookup per event for all of them, each distinct combination converted once
+            combos = _Codes()
+            code = np.fromiter(map(combos.__getitem__, map(attrgetter(*few), args)), np.int64, m)
+            combined = combos.values if len(few) > 1 else [(v,) for v in combos.values]
+            for key, values in zip(few, zip(*combined)):
+                table = _dim3(list(values)) if key in ("grid", "block") else _int_values(values, key)
+                columns["args." + key] = table[code]
         for key in keys:
-            if key in ("grid", "block"):
-                columns["args." + key] = _dim3(args, key, m)
-            elif key in _OBJECT_ARGS:
+            if key in OBJECT_ARGS and key not in _FEW:
                 columns["args." + key] = list(map(attrgetter(key), args))
-            else:
-                columns["args." + key] = _ints(args, key, m)
-        rows = _thread_rows(columns) if group == "device" else None
-        for column, field in (("pid", _PID), ("tid", _TID)):
-            if rows is None:
-                columns[column] = self._codes(self.ids, field, events)
-            else:
-                columns[column] = np.full(m, -1, np.int64)
-                columns[column][rows] = self._codes(self.ids, field, _pick(events, rows))
+            elif key not in _FEW:
+                columns["args." + key] = _ints(args, key)
         if group in ("device", "api") and not piece.needs_flows:
             piece.needs_flows = bool((columns["args.correlation"] < 0).any())
-        return columns
+
+    @staticmethod
+    def _check_ts(ts: np.ndarray, index: np.ndarray, events: list[Any], piece: Piece) -> None:
+        """Note the first read event without ``ts`` (NaN, no JSON, is the default)."""
+        missing = np.flatnonzero(np.isnan(ts))
+        if missing.size and (piece.no_ts is None or index[missing[0]] < piece.no_ts[0]):
+            piece.no_ts = int(index[missing[0]]), getattr(events[missing[0]], "name", "")
 
     @staticmethod
     def _codes(table: _Codes, field: attrgetter, events: list[Any]) -> np.ndarray:
@@ -398,7 +373,7 @@ class Collector:
 
     @property
     def decoder(self) -> msgspec.json.Decoder:
-        return decoder(self.flows)
+        return decoder(self.flows, self.own)
 
     def read(self, events: list[Event]) -> None:
         """Read and add one piece of decoded events."""
@@ -438,7 +413,7 @@ class Collector:
 
 
 _EMPTY_COLUMN = {"ts": np.float64, "dur": np.float64, "present": bool}
-_LIST_COLUMNS = frozenset(("id", *("args." + k for k in _OBJECT_ARGS if k not in ("grid", "block"))))
+_LIST_COLUMNS = frozenset(("id", *("args." + k for k in OBJECT_ARGS if k not in ("grid", "block"))))
 
 
 def _concat(parts: list[Any], key: str) -> Any:
@@ -451,113 +426,30 @@ def _concat(parts: list[Any], key: str) -> Any:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _thread_rows(columns: dict[str, Any]) -> np.ndarray:
-    """The device events whose pid and tid are read: those without ``args.device``, ``args.stream`` or
-    ``args.correlation`` (their pid, tid or flow stands in) and the first of each (device, stream) row (its
-    ``thread_name`` is filed under them)."""
-    device, stream = columns["args.device"], columns["args.stream"]
-    need = (device == MISSING) | (stream == MISSING) | (columns["args.correlation"] < 0)
-    need[np.unique((device << 32) ^ (stream & 0xFFFFFFFF), return_index=True)[1]] = True
-    return np.flatnonzero(need)
-
-
-def _ints(args: list[Args], key: str, n: int) -> np.ndarray:
-    """An int arg of each event as int64. One that is no int (a string, one beyond int64) reads as the readers
-    always read it: a numeric string as its number, anything else as 0 for ``device`` and ``stream``, as the arg's
-    default for the others; ``Device Type`` only as an int."""
+def _ints(args: list[Any], key: str) -> np.ndarray:
+    """An int arg of each event as int64 (``_int_values``)."""
     try:
-        return np.fromiter(map(attrgetter(key), args), np.int64, n)
+        return np.fromiter(map(attrgetter(key), args), np.int64, len(args))
     except (OverflowError, TypeError, ValueError):
-        return np.array([_int_arg(key, v) for v in map(attrgetter(key), args)], np.int64)
+        return _int_values(list(map(attrgetter(key), args)), key)
 
 
-def _int_arg(key: str, value: Any) -> int:
-    default = getattr(NO_ARGS, key)
-    if value == default:  # absent (MISSING: device and stream fall back to the pid and tid)
-        return default
-    if key == "device_type" and type(value) is not int:
-        return default
-    number = int_or(value, 0 if key in ("device", "stream") else default)
-    return number if -(1 << 63) <= number < (1 << 63) else default
-
-
-def _dim3(args: list[Args], key: str, n: int) -> np.ndarray:
-    """``grid`` or ``block`` of each event packed (``pack_dim3``; 0 where absent or x is not positive)."""
+def _int_values(values: Sequence[Any], key: str) -> np.ndarray:
+    """An int arg's values as int64. One that is no int (a string, one beyond int64) reads as the readers always
+    read it: a numeric string as its number, anything else as 0 for ``device`` and ``stream``, as the arg's default
+    for the others; ``Device Type`` only as an int."""
     try:
-        xyz = np.fromiter(chain.from_iterable(map(attrgetter(key), args)), np.int64, 3 * n).reshape(n, 3)
+        return np.fromiter(values, np.int64, len(values))
+    except (OverflowError, TypeError, ValueError):
+        return np.array([int_arg(key, v) for v in values], np.int64)
+
+
+def _dim3(values: list[tuple[int, int, int]]) -> np.ndarray:
+    """``grid`` or ``block`` values packed (``pack_dim3``; 0 where absent or x is not positive)."""
+    n = len(values)
+    try:
+        xyz = np.fromiter(chain.from_iterable(values), np.int64, 3 * n).reshape(n, 3)
     except OverflowError:
-        xyz = np.array([[v if -(1 << 63) <= v < (1 << 63) else 0 for v in a] for a in map(attrgetter(key), args)])
+        xyz = np.array([[v if -(1 << 63) <= v < (1 << 63) else 0 for v in a] for a in values])
         xyz = xyz.reshape(n, 3).astype(np.int64)
     return np.where(xyz[:, 0] > 0, pack_dim3(xyz[:, 0], xyz[:, 1], xyz[:, 2]), 0).astype(np.int64)
-
-
-# ----------------------------------------------------------------------------------------- the slower path
-
-
-_ARG_KEYS = {Args.__struct_encode_fields__[i]: f for i, f in enumerate(Args.__struct_fields__)}
-
-
-def typed_events(events: Sequence[Any], first: int, where: str) -> list[Event]:
-    """Events of a parsed document (dicts) as ``Event`` Structs, after the checks and with the leniency of the
-    readers: a phase that is no Chrome phase is "?" (skipped), a name that is no string becomes one, args that are
-    no object are none, an arg that is no int where an int belongs is left out (the reader's default), ``grid`` /
-    ``block`` that are no [x, y, z] are left out. ``first``: the index in traceEvents of the first of ``events``."""
-    out = []
-    for i, e in enumerate(events, first):
-        if type(e) is not dict:
-            raise InvalidArgument(f"cannot load trace {where}: traceEvents[{i}] is not an object: {e!r:.80}")
-        out.append(typed_event(e, i, where))
-    return msgspec.convert(out, list[_ANY])
-
-
-_ID_TYPES = (int, str, float, type(None))
-
-
-def typed_event(e: dict, i: int, where: str) -> dict:
-    """One event dict with the types ``Event`` expects (see ``typed_events``)."""
-    pid, tid = e.get("pid"), e.get("tid")
-    if type(pid) not in _ID_TYPES or type(tid) not in _ID_TYPES:
-        raise InvalidArgument(
-            f"cannot load trace {where}: traceEvents[{i}] ({e.get('name')!r:.40}) has a pid or tid that is "
-            f"neither a number nor a string: {pid!r:.40}, {tid!r:.40}"
-        )
-    name = e.get("name")
-    out: dict[str, Any] = {
-        "ph": e.get("ph") if e.get("ph") in PHASES else "?",
-        "cat": e.get("cat") if type(e.get("cat")) is str else "",
-        "name": name if type(name) is str else str(name or ""),
-        "pid": pid,
-        "tid": tid,
-    }
-    for key in ("ts", "dur"):
-        value = e.get(key)
-        if value is None:
-            continue
-        if type(value) not in (int, float, bool):
-            raise InvalidArgument(f"cannot load trace {where}: an event's {key} is not a number ({value!r:.40})")
-        out[key] = float(value) if math.isfinite(value) else math.inf  # NaN would read as "no ts"
-    if type(e.get("id")) in (int, str):
-        out["id"] = e["id"]
-    args = e.get("args")
-    if type(args) is dict:
-        out["args"] = _typed_args(args)
-    return out
-
-
-def _typed_args(args: dict) -> dict:
-    out = {}
-    for key, field in _ARG_KEYS.items():
-        if key not in args:
-            continue
-        value = args[key]
-        if field in ("grid", "block"):
-            if type(value) is list and len(value) == 3:
-                out[key] = [v if -(1 << 63) <= v < (1 << 63) else 0 for v in (int_or(v, 0) for v in value)]
-        elif field == "pinned":
-            if value is not None:
-                out[key] = int(bool(value))
-        elif field in _OBJECT_ARGS:
-            out[key] = value
-        else:
-            out[key] = _int_arg(field, value)
-    return out

@@ -24,7 +24,8 @@ import warnings
 
 import msgspec
 
-from .kineto_decode import Piece, decoder, read_piece
+from .kineto_decode import Piece, read_piece
+from .kineto_types import decoder
 
 #: The largest piece a helper reads (larger ones, a single huge event, are read by the loading process); it holds
 #: ``SLOTS`` pieces at a time, so that it has the next one to read as it sends one back.
@@ -169,7 +170,7 @@ def _serve(conn: socket.socket, shared: mmap.mmap) -> None:
         own, flows = bool(flags & 1), bool(flags & 2)
         try:
             with memoryview(shared) as view, view[slot * SLOT : slot * SLOT + n] as piece:
-                events = decoder(flows).decode(piece)
+                events = decoder(flows, own).decode(piece)
             result: tuple = ("piece", read_piece(events, own, flows))
             del events
         except (msgspec.DecodeError, msgspec.ValidationError):

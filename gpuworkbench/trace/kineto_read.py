@@ -1,8 +1,10 @@
-"""A trace file read into ``EventGroups`` (``kineto_decode.py``) without holding the whole document: its bytes come in
-8 MiB blocks (gunzipped on a thread when the file starts with gzip's magic: reading and zlib release the GIL, so the
-decompression overlaps the decoding), the ``traceEvents`` array is cut at event boundaries (``}, {``), and each piece
-is decoded by msgspec into typed events, gathered into columns and let go. In a large file, a helper process reads
-the pieces it is free to take while this one reads others (``kineto_helper.py``); pieces join in the file's order.
+"""A trace file read into ``EventGroups`` (``kineto_decode.py``) without holding the whole document: the
+``traceEvents`` array is cut at event boundaries (``}, {``) into pieces of about 8 MiB, and each piece is decoded by
+msgspec into typed events, gathered into columns and let go. A plain file is mapped copy-on-write and each piece is a
+view of the mapping (its "[" and "]" written over the separators around it: no copy of the bytes, no reading thread);
+a gzip file (told by its magic bytes) comes in 8 MiB blocks gunzipped on a thread (reading and zlib release the GIL,
+so the decompression overlaps the decoding). In a large file, a helper process reads the pieces it is free to take
+while this one reads others (``kineto_helper.py``); pieces join in the file's order.
 
 A cut is checked by the decode itself: a piece starts where the last one ended, so a cut inside a string or inside
 an event leaves a piece that is no JSON array. Any such piece, a document laid out otherwise (traceEvents not in its
@@ -13,6 +15,7 @@ parse (empty, truncated JSON, not JSON, not gzip, no traceEvents list)."""
 from __future__ import annotations
 
 import json
+import mmap
 import queue
 import re
 import threading
@@ -23,8 +26,9 @@ from typing import Any
 import msgspec
 
 from ..errors import InvalidArgument
-from .kineto_decode import Collector, EventGroups, Piece, read_piece, typed_events
+from .kineto_decode import Collector, EventGroups, Piece, read_piece
 from .kineto_helper import Helper, HelperLost, can_help
+from .kineto_types import typed_events
 
 BLOCK = 8 << 20
 _HEAD_LIMIT = 64 << 20  # where traceEvents must start for the streaming read
@@ -170,11 +174,18 @@ def _stream(where: str, own: bool | None, helped: bool, flows: bool = False) -> 
     missing."""
     helper = Helper() if helped else None  # forked before the reading thread starts
     try:
-        blocks = _Blocks(where)
-        try:
-            meta, collector = _parse(iter(blocks), where, own, flows, helper)
-        finally:
-            blocks.close()
+        mapped = _mapped(where)
+        if mapped is not None:
+            try:
+                meta, collector = _parse_mapped(mapped, where, own, flows, helper)
+            finally:
+                mapped.close()
+        else:
+            blocks = _Blocks(where)
+            try:
+                meta, collector = _parse(iter(blocks), where, own, flows, helper)
+            finally:
+                blocks.close()
     finally:
         if helper is not None:
             helper.close()
@@ -215,8 +226,58 @@ def _parse(
         if block is None:
             break
         work += block
-    meta.update(_end(work, bare, pieces))
+    meta.update(_end(work, 0, bare, pieces))
     return meta, collector
+
+
+def _mapped(where: str) -> mmap.mmap | None:
+    """A plain (not gzip) file mapped copy-on-write, so that pieces are cut out of it in place (no copy of the bytes,
+    no reading thread); None where it is gzip, empty or cannot be mapped (``_Blocks`` reads it, and names what is
+    wrong)."""
+    try:
+        with open(where, "rb") as f:
+            if f.read(2) == _GZIP_MAGIC:
+                return None
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError):
+        return None
+
+
+def _parse_mapped(
+    mm: mmap.mmap, where: str, own: bool | None, flows: bool, helper: Helper | None
+) -> tuple[dict[str, Any], Collector]:
+    """``_parse`` of a mapped file: each piece is a view of the mapping from the byte before its first event, made
+    "[", to the separator after its last, made "]" (where events are separated by a bare comma, that byte is the
+    next piece's "[" once this piece is read). Pages read are handed back as it goes, so that the file counts in
+    the peak RSS about one piece at a time."""
+    with memoryview(mm) as view:
+        with view[:_HEAD_LIMIT] as opening:
+            head = _head(opening)
+        if head is None:
+            raise _Slow
+        meta, start, bare = head
+        collector = Collector(where, isinstance(meta.get("gpuworkbench"), dict) if own is None else own, flows)
+        pieces = _Pieces(collector, helper)
+        first, released = start - 1, 0  # the array's "[", then each piece's
+        while first + BLOCK < len(mm) and (cut := _CUT.search(mm, first + BLOCK)) is not None:
+            end = cut.start() + 1
+            mm[end] = ord("]")
+            with view[first : end + 1] as array:
+                pieces.read(array)
+            first = cut.end() - 2
+            mm[first] = ord("[")
+            released = _release(mm, released, first)
+    meta.update(_end(mm, first, bare, pieces))
+    return meta, collector
+
+
+def _release(mm: mmap.mmap, released: int, upto: int) -> int:
+    """Drop the mapping's pages before ``upto`` (from ``released`` on) from this process's memory."""
+    aligned = upto - upto % mmap.PAGESIZE
+    if aligned - released < BLOCK or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return released
+    mm.madvise(mmap.MADV_DONTNEED, released, aligned - released)
+    return aligned
 
 
 class _Pieces:
@@ -299,16 +360,16 @@ def _last_cut(buf: bytearray) -> tuple[int, int] | None:
     return None
 
 
-def _end(work: bytearray, bare: bool, pieces: _Pieces) -> dict[str, Any]:
-    """The last event (``work`` is "[" and it, or "[" and the "]" of an empty array, then the rest of the file) and
-    the keys after the array: the "]" that closes it is the last one after which both read."""
+def _end(work: bytearray | mmap.mmap, first: int, bare: bool, pieces: _Pieces) -> dict[str, Any]:
+    """The last event (``work`` from ``first`` is "[" and it, or "[" and the "]" of an empty array, then the rest of
+    the file) and the keys after the array: the "]" that closes it is the last one after which both read."""
     at = len(work)
-    while (at := work.rfind(b"]", 1, at)) >= 1:
+    while (at := work.rfind(b"]", first + 1, at)) >= first + 1:
         rest = _after(bytes(work[at + 1 :]).strip(_SPACE), bare)
         if rest is None:
             continue
         try:
-            with memoryview(work) as view, view[: at + 1] as array:
+            with memoryview(work) as view, view[first : at + 1] as array:
                 events = pieces.collector.decoder.decode(array)
         except msgspec.ValidationError:
             raise _Slow from None

@@ -443,6 +443,25 @@ def test_a_file_cut_into_many_pieces_reads_as_one(tmp_path, monkeypatch, compres
     assert (kernels["enqueue_ns"] > 0).all()  # linked to their launches across pieces
 
 
+@pytest.mark.parametrize("separators", [(", ", ": "), (",", ":"), (",\n  ", ": ")], ids=["spaced", "compact", "lines"])
+def test_a_plain_file_is_cut_in_place_of_its_mapping(tmp_path, monkeypatch, separators):
+    """A plain file is read through a copy-on-write mapping (no reading thread): each piece's "[" and "]" are written
+    over the separators around it, which in a compact file ("},{") is one byte for two pieces; the file is left as
+    it was."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(kineto_doc(), separators=separators))
+    before = path.read_bytes()
+    whole = gw.load_trace(path)
+
+    def no_thread(where):
+        raise AssertionError("a plain file was read by the reading thread")
+
+    monkeypatch.setattr(kineto_read, "_Blocks", no_thread)
+    monkeypatch.setattr(kineto_read, "BLOCK", 256)
+    same_trace(whole, gw.load_trace(path))
+    assert path.read_bytes() == before
+
+
 def test_a_helper_process_reads_pieces_to_the_same_trace(tmp_path, monkeypatch, small_blocks):
     path = write(kineto_doc(), tmp_path / "t.json")
     alone = gw.load_trace(path)
