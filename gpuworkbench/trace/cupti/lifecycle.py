@@ -4,8 +4,9 @@ let go and initialized again, what blocks it and who else takes it. docs/cupti.m
 Why: once any activity kind has been on, CUPTI instruments every CUDA call of the process until it is finalized, kinds
 on or off, and attaching it again costs ~12–16 ms (see ``detach.py`` and docs/cupti.md). So a stopped trace's source
 *parks* with its kinds on, for the next trace to take over, and is *let go* (``cuptiFinalize`` at a CUDA call's exit)
-once untraced work or ``linger_s`` ends the linger; CUPTI is then initialized again with no kind on (*ready*)
-``reattach_s`` later, on a thread of ours. ``LIFECYCLE`` serves the process; the tunables are its attributes, read from
+once untraced work or ``linger_s`` ends the linger; where ``reattach_s`` is set, CUPTI is then initialized again
+with no kind on (*ready*) that much later, on a thread of ours; in a notebook the kernel does so between cells
+(``between_cells``). ``LIFECYCLE`` serves the process; the tunables are its attributes, read from
 the environment when it is made (``cupti.LINGER_S`` and the others read and set them).
 """
 
