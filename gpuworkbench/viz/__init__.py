@@ -50,18 +50,19 @@ def show_trace(trace: Any, window: tuple[int, int] | None = None, summary: Any =
     """
     if not inline_setup():
         return trace_layout(trace, window, summary)
-    from .notebook_doc import fast_path_applies
+    from . import notebook_doc
 
-    if fast_path_applies():
-        if getattr(trace, "counting", False):  # counter tracks: not a kept shape (``reuse``); built each time
-            from .notebook_doc import publish
+    if notebook_doc.fast_path_applies():
+        try:
+            if getattr(trace, "counting", False):  # counter tracks: not a kept shape (``reuse``); built each time
+                notebook_doc.publish(trace_layout(trace, window, summary))
+                return None
+            from .reuse import show_trace_reused
 
-            publish(trace_layout(trace, window, summary))
+            show_trace_reused(trace, window, summary, trace_layout)
             return None
-        from .reuse import show_trace_reused
-
-        show_trace_reused(trace, window, summary, trace_layout)
-        return None
+        except (AttributeError, TypeError, KeyError):  # a Bokeh whose private model store differs: Bokeh's own show
+            notebook_doc.FAILED.append(True)  # from now on (fast_path_applies says no)
     from bokeh.io import show
 
     show(trace_layout(trace, window, summary))

@@ -35,15 +35,19 @@ def inline_setup(force: bool = False) -> bool:
         return True
     if not in_notebook():
         return False
-    from bokeh.io import notebook
+    from bokeh.io import notebook, output_notebook
     from bokeh.io.state import curstate
     from bokeh.resources import INLINE
     from IPython.display import publish_display_data
 
-    prepare_inline()
-    script, lab_script = _loader.pop()
-    curstate().output_notebook("jupyter")  # as output_notebook: bokeh.io.show then shows in the notebook
-    notebook._NOTEBOOK_LOADED = INLINE  # other library: as load_notebook records what it loaded
-    publish_display_data({notebook.JS_MIME_TYPE: script, notebook.LOAD_MIME_TYPE: lab_script})
+    try:
+        prepare_inline()
+        script, lab_script = _loader.pop()
+    except (AttributeError, TypeError, IndexError):  # a Bokeh whose private loader differs: its own public call
+        output_notebook(resources=INLINE, hide_banner=True)
+    else:
+        curstate().output_notebook("jupyter")  # as output_notebook: bokeh.io.show then shows in the notebook
+        notebook._NOTEBOOK_LOADED = INLINE  # other library: as load_notebook records what it loaded
+        publish_display_data({notebook.JS_MIME_TYPE: script, notebook.LOAD_MIME_TYPE: lab_script})
     _inline_loaded = True
     return True

@@ -76,14 +76,18 @@ def _config() -> Model:
     return _CONFIG[0]
 
 
+#: Set once our encoder failed on this Bokeh (its private model store differs): ``bokeh.io.show`` from then on.
+FAILED: list[bool] = []
+
+
 def fast_path_applies() -> bool:
-    """Whether ``publish`` writes what ``bokeh.io.show`` would: the notebook's document has Bokeh's default theme and
-    Bokeh serializes no defaults (``BOKEH_SERIALIZE_INCLUDE_DEFAULTS``)."""
+    """Whether ``publish`` writes what ``bokeh.io.show`` would: the notebook's document has Bokeh's default theme,
+    Bokeh serializes no defaults (``BOKEH_SERIALIZE_INCLUDE_DEFAULTS``), and our encoder has not failed on it."""
     from bokeh.io import curdoc
     from bokeh.settings import settings
     from bokeh.themes import default as default_theme
 
-    return curdoc().theme is default_theme and not settings.serialize_include_defaults()
+    return not FAILED and curdoc().theme is default_theme and not settings.serialize_include_defaults()
 
 
 def document_json(root: Model, cache: dict[Model, Entry] | None = None, coded: bool = False) -> tuple[str, str, int]:

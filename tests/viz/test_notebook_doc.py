@@ -210,3 +210,27 @@ def test_kept_texts_hold_no_data_and_a_changed_property_is_written_again():
     assert timeline.title not in unchanged
     encoder = TextEncoder(cache)
     assert encoder.model(timeline.xaxis[0])[0] is kept[timeline.xaxis[0]]
+
+
+def test_a_bokeh_whose_private_store_differs_falls_back_to_bokehs_own_show(monkeypatch):
+    """Where our encoder meets a Bokeh it does not know (an attribute gone), the picture is shown by ``bokeh.io.show``,
+    and from then on too; nothing is lost."""
+    import bokeh.io
+
+    from gpuworkbench import viz
+    from gpuworkbench.viz import notebook_doc, reuse
+
+    shown: list = []
+    monkeypatch.setattr(viz, "inline_setup", lambda: True)
+    monkeypatch.setattr(bokeh.io, "show", shown.append)
+    monkeypatch.setattr(notebook_doc, "FAILED", [])
+
+    def broken(*_args, **_kwargs):
+        raise AttributeError("'Model' object has no attribute '_property_values'")
+
+    monkeypatch.setattr(reuse, "show_trace_reused", broken)
+    trace = viz.warm_up_trace(False)
+    assert viz.show_trace(trace) is None
+    assert len(shown) == 1 and notebook_doc.FAILED and not notebook_doc.fast_path_applies()
+    viz.show_trace(trace)
+    assert len(shown) == 2
