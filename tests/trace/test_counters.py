@@ -87,6 +87,9 @@ def test_the_sampler_ends_with_the_trace(sampled):
     dev = gw.Device("cpu")
     with gw.trace(counters=True) as t:
         dev.alloc(1024, "float32").copy_from_host(np.ones(1024, np.float32))
+        deadline = time.monotonic() + 5
+        while f"gpuworkbench-counters-{t.id}" not in counter_threads() and time.monotonic() < deadline:
+            time.sleep(0.001)  # a pooled thread takes the sampler's name as it picks the loop up
         assert f"gpuworkbench-counters-{t.id}" in counter_threads()
     deadline = time.monotonic() + 5
     while f"gpuworkbench-counters-{t.id}" in counter_threads() and time.monotonic() < deadline:
