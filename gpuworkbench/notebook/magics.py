@@ -385,6 +385,10 @@ class GpuMagics(Magics):
         summary = self._summarise(record)
         if "no-show" not in opts:
             self._show(trace, summary, record.window_ns)
+        if trace.counting:
+            trace.counters()  # waits for the sampler's last sample, and the notes it adds
+        for note in trace.stats.warnings:  # what the trace could not record, or where it took what it shows
+            print(f"%%gpu note: {note}")
         return value
 
     def _compile(self, cell: str) -> tuple[Any, Any]:

@@ -299,3 +299,19 @@ def test_a_kernel_warms_the_pictures_up_once_on_its_event_loop_after_load_ext(sh
     finally:
         for callback in [c for c in shell.events.callbacks["post_run_cell"] if c not in before]:
             shell.events.unregister("post_run_cell", callback)
+
+
+def test_a_traced_cell_says_what_its_trace_noted(shell, capsys):
+    """The trace's notes (here: an OpenCL device that offers no counters, its host's sampled instead) are printed
+    under the cell, as ``%%gpu note:`` lines, not left in ``trace.stats``."""
+    spec = pocl_spec()
+    if spec is None:
+        pytest.skip("no PoCL OpenCL device here")
+    cell = "import numpy as np\nb = gw.Device().alloc(256, 'float32')\nb.copy_from_host(np.ones(256, np.float32))\n"
+    shell.run_cell("import gpuworkbench as gw")
+    shell.run_cell_magic("gpu", f"--no-show --counters -o noted --device {spec}", cell)
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if line.startswith("%%gpu note: ")]
+    assert notes and any("offers none" in n for n in notes), out
+    assert [f"%%gpu note: {w}" for w in shell.user_ns["noted"].stats.warnings] == notes
+    shell.run_cell("b.free()")
