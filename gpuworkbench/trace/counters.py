@@ -7,6 +7,7 @@ source of its own is sampled beside the host's, and a device without one says so
 CPU shares cover the time since the sample before (the first has none: NaN). A sample's time is
 ``time.perf_counter_ns()``, the spans' host clock; the last sample, taken as the trace stops, carries the stop time.
 A source that raises is dropped with one warning. A trace without counters makes no sampler and no thread.
+A finished trace (``gw.load_trace``) holds the samples its file had instead of a sampler (``hold_samples``).
 """
 
 from __future__ import annotations
@@ -195,6 +196,39 @@ class Sampler:
                 self._rows.extend_columns(block)
 
 
+class Held:
+    """Samples a finished trace holds (read from a file): what ``Counting`` asks of a sampler, with nothing to
+    sample: starting and stopping it does nothing."""
+
+    alive = False
+
+    def __init__(self, table: dict[str, np.ndarray], sources: dict[str, str]) -> None:
+        self._table, self.sources = table, sources
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, at_ns: int) -> None:
+        pass
+
+    def join(self, timeout: float = JOIN_S) -> None:
+        pass
+
+    def table(self) -> dict[str, np.ndarray]:
+        return {column: values.copy() for column, values in self._table.items()}
+
+
+def hold_samples(trace: Counting, table: dict[str, np.ndarray], sources: dict[str, str]) -> None:
+    """Give a finished trace ``table`` (``COLUMNS``, any order) as its counters and ``sources`` as its
+    ``counter_sources``; one with samples is drawn with its counter tracks, as one recorded with ``counters=True``."""
+    n = len(table["time_ns"])
+    rows = {column: np.asarray(table[column], dtype) for column, dtype in COLUMNS.items()}
+    if any(len(values) != n for values in rows.values()):
+        raise ValueError("counters: the columns differ in length")
+    trace._sampler = Held(rows, dict(sources))
+    trace.counting = trace.counting or n > 0
+
+
 def _close(source: CounterSource) -> None:
     try:
         source.close()
@@ -206,7 +240,7 @@ class Counting:
     """Mixed into ``Trace``: its counters (``counters=True``); a trace without them holds no sampler."""
 
     counting = False  # set by ``Trace(counters=...)`` / ``new_trace``
-    _sampler: Sampler | None = None
+    _sampler: Sampler | Held | None = None
 
     def _start_counters(self) -> None:
         if not self.counting:

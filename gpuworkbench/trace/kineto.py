@@ -8,7 +8,8 @@ grid, block and ``corr`` = ``args.correlation``. Host work becomes host thread r
 to the device spans with the same correlation (whose enqueue time is then the call's start), ``cpu_op`` and
 ``user_annotation`` as ``range`` spans; ``gpu_user_annotation`` becomes a ``range`` on its device stream. A file
 written by ``Trace.to_chrome_trace`` (it has a ``gpuworkbench`` block) is read back exactly as it was exported, its
-memory rows included.
+memory rows and counter samples included. Counter events (``C``) of other tools become ``counters()`` too, a track
+per event name and series (``kineto_events.counter_columns`` says how).
 PyTorch's ``[memory]`` events (``profile_memory=True``) on a GPU become the memory table's ``other_bytes`` (its
 allocator's total allocated); those on the CPU are left out (the memory table is per device). A trace with no device
 work and no device properties (a CPU-only profile) gets one clock, ``host:0``, for its host rows.
@@ -32,11 +33,13 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from .columns import DeviceClock
+from .counters import hold_samples
 from .export import HOST_PID, STREAM_OFFSET
 from .kineto_decode import EventGroups, Group
 from .kineto_events import (
     collector_paused,
     concat_blocks,
+    counter_columns,
     device_kinds,
     int_column,
     int_or,
@@ -112,7 +115,25 @@ class _Kineto:
         labels = self._labels(table, groups)
         memory = self._memory(groups)
         clocks = self._clocks(table, groups, memory["device"])
-        return Trace.finished(table, clocks, labels, memory, locations=locations)
+        return self._counters(Trace.finished(table, clocks, labels, memory, locations=locations), groups)
+
+    # -- counters --------------------------------------------------------------------------------------------
+    def _counters(self, trace: Trace, groups: EventGroups) -> Trace:
+        """The file's counter events as the trace's ``counters()`` (``counter_columns``: how they map), on the
+        device their pid names (one of the trace's; else the host), and ``counter_sources`` saying so."""
+        if not groups.counters:
+            return trace
+        devices = {number: clock.key for number, clock in trace.devices.items()}
+
+        def device_of(pid: Any) -> int:
+            number = int_or(pid, -1) if pid != HOST_PID else -1
+            return number if number in devices else -1
+
+        own = isinstance(self, _OwnExport)
+        table = counter_columns(groups.counters, self.where, self.base_ns, device_of, own)
+        keys = {devices.get(d, "host") for d in np.unique(table["device"]).tolist()}
+        hold_samples(trace, table, {key: f"read from {self.where}" for key in sorted(keys)})
+        return trace
 
     def _locate(self, groups: EventGroups, device: dict[str, Any], api: dict[str, Any]) -> list[Location]:
         """Each runtime call's user line, from the Python stacks of ``with_stack=True`` (``kineto_stacks.py``); the
@@ -335,7 +356,7 @@ class _OwnExport(_Kineto):
         blocks += [self._host(g, groups) for g in (groups.api, groups.range)]
         table = concat_blocks(blocks)
         memory = self._own_memory(groups)
-        return Trace.finished(
+        trace = Trace.finished(
             table,
             self._clocks(table, groups),
             self._labels(table, groups),
@@ -344,6 +365,7 @@ class _OwnExport(_Kineto):
             lost=int_or(self.own.get("lost"), 0),
             locations=self.locations,
         )
+        return self._counters(trace, groups)
 
     def _locations(self) -> list[Location]:
         """The source lines the export's spans index (``args["source location"]``): each a Location's fields with

@@ -24,6 +24,7 @@ from .kineto_types import (
     NO_ARGS,
     OBJECT_ARGS,
     Complete,
+    Counter,
     Event,
     FlowEnd,
     FlowStart,
@@ -52,7 +53,7 @@ _X_GROUPS = {
 }
 GROUPS = ("", "device", "api", "range", "device_range", "python", "flow_start", "flow_end", "memory")
 _CODE = {name: i for i, name in enumerate(GROUPS)}
-_X, _S, _F, _I, _M = 1, 2, 3, 4, 5
+_X, _S, _F, _I, _M, _C = 1, 2, 3, 4, 5, 6
 #: The args each group keeps; ``own`` adds those our own exports write.
 _ARGS = {
     "device": ("device", "stream", "correlation", "bytes", "grid", "block"),
@@ -71,6 +72,8 @@ _OWN_ARGS = {
 _FEW = frozenset(("device", "stream", "grid", "block", "device_type", "device_id"))
 #: The fields every read complete event has that become codes, gathered together (few distinct combinations).
 _HEAD = attrgetter("cat", "name", "pid", "tid")
+#: A counter event as read: (index in traceEvents, name, pid, tid, ts in µs, id, args).
+CounterEvent = tuple[int, str, Any, Any, float, Any, dict[str, Any]]
 _CAT, _NAME, _PID, _TID = attrgetter("cat"), attrgetter("name"), attrgetter("pid"), attrgetter("tid")
 _TS, _DUR, _ID_OF, _ARGS_OF = attrgetter("ts"), attrgetter("dur"), attrgetter("id"), attrgetter("args")
 
@@ -105,7 +108,7 @@ class _Phases(dict):
         return 0
 
 
-_PHASES = _Phases({Complete: _X, FlowStart: _S, FlowEnd: _F, Instant: _I, Metadata: _M})
+_PHASES = _Phases({Complete: _X, FlowStart: _S, FlowEnd: _F, Instant: _I, Metadata: _M, Counter: _C})
 _PHASES.update({KINETO_COMPLETE: _X, KINETO_INSTANT: _I, KINETO_METADATA: _M})
 
 
@@ -148,7 +151,7 @@ def _take(values: Any, pick: np.ndarray) -> Any:
 class EventGroups:
     """The file's events that the readers use, by group (``device``, ``api``, ``range``, ``device_range``,
     ``python``, ``flow_start``, ``flow_end``, ``memory``: each a ``Group``), the tables their codes index, and the
-    metadata that names rows."""
+    metadata that names rows; the counter events as read (``counters``)."""
 
     def __init__(self, groups: dict[str, Group], names: list[str], ids: list[Any], cats: list[str]) -> None:
         self.device, self.api, self.range = groups["device"], groups["api"], groups["range"]
@@ -157,6 +160,7 @@ class EventGroups:
         self.names, self.ids, self.cats = names, ids, cats
         self.process_names: dict[Any, str] = {}
         self.thread_names: dict[tuple[Any, Any], str] = {}
+        self.counters: list[CounterEvent] = []  # the counter events (``C``, few), in file order
         self._name_array: np.ndarray | None = None
 
     def names_of(self, group: Group) -> np.ndarray:
@@ -186,7 +190,8 @@ class EventGroups:
 class Piece:
     """One piece of traceEvents read into columns (``read_piece``): per group code, its columns with codes into the
     piece's own tables (``names``, ``ids``, ``cats``) and indices from the piece's first event; the metadata it
-    holds; ``no_ts``: (index, name) of a read event without ``ts``. Pieces pickle, so a helper process can read
+    holds; its counter events (``counters``, indices from the piece's first event); ``no_ts``: (index, name) of a
+    read event without ``ts``. Pieces pickle, so a helper process can read
     them (``kineto_helper.py``)."""
 
     def __init__(self, count: int) -> None:
@@ -197,6 +202,7 @@ class Piece:
         self.cats: list[str] = []
         self.thread_names: dict[tuple[Any, Any], str] = {}
         self.process_names: dict[Any, str] = {}
+        self.counters: list[CounterEvent] = []
         self.needs_flows = False
         self.no_ts: tuple[int, str] | None = None
 
@@ -233,6 +239,11 @@ class _PieceReader:
             piece.groups[_CODE["memory"]] = self._columns("memory", _pick(events, rows), rows, cat, piece)
         for i in np.flatnonzero(phase == _M).tolist():
             _metadata(events[i], piece)
+        counters = np.flatnonzero(phase == _C)
+        if counters.size:
+            found = _pick(events, counters)
+            self._check_ts(np.array([e.ts for e in found], np.float64), counters, found, piece)
+            piece.counters = [(i, e.name, e.pid, e.tid, e.ts, e.id, e.args) for i, e in zip(counters.tolist(), found)]
         piece.names, piece.ids, piece.cats = self.names.values, self.ids.values, self.cats.values
         return piece
 
@@ -370,6 +381,7 @@ class Collector:
         self._parts: dict[int, list[dict[str, Any]]] = {code: [] for code in range(1, len(GROUPS))}
         self._process_names: dict[Any, str] = {}
         self._thread_names: dict[tuple[Any, Any], str] = {}
+        self._counters: list[CounterEvent] = []
 
     @property
     def decoder(self) -> msgspec.json.Decoder:
@@ -395,6 +407,7 @@ class Collector:
             self._parts[code].append(columns)
         self._thread_names.update(piece.thread_names)
         self._process_names.update(piece.process_names)
+        self._counters += [(first + i, *rest) for i, *rest in piece.counters]
         self.needs_flows = self.needs_flows or piece.needs_flows
         self.count += piece.count
 
@@ -409,6 +422,7 @@ class Collector:
             built[name] = Group({k: v for k, v in columns.items() if not k.startswith("args.")}, args)
         out = EventGroups(built, self._names.values, self._ids.values, self._cats.values)
         out.process_names, out.thread_names = self._process_names, self._thread_names
+        out.counters = self._counters
         return out
 
 

@@ -1,13 +1,14 @@
 """Span columns from trace events: times in ns, ints read leniently, grid and block packed, device work's kinds from
-its categories and names, links by correlation, and span blocks joined into one table, for the readers of
-``kineto.py`` (the events themselves are gathered by ``kineto_decode.py``).
+its categories and names, links by correlation, span blocks joined into one table, and counter events as counter
+samples, for the readers of ``kineto.py`` (the events themselves are gathered by ``kineto_decode.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -165,3 +166,59 @@ def concat_blocks(blocks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     table = {c: np.concatenate([b[c] for b in blocks]) for c in COLUMNS}
     order = np.argsort(table["start_ns"], kind="stable")
     return {c: v[order] for c, v in table.items()}
+
+
+def counter_columns(
+    events: Sequence[tuple], where: str, base_ns: int, device_of: Callable[[Any], int], own: bool
+) -> dict[str, np.ndarray]:
+    """Counter events (``C``; ``kineto_decode.CounterEvent`` tuples) as ``Trace.counters()``'s columns: a sample per
+    event and series (arg). Our own export's (``own``) come back as exported: the event's name is the counter's, its
+    arg's key the unit, in file order. Another tool's event is a counter track per series, named as Perfetto names
+    it: the event's name, " id: ID" where the event has an ``id``, then " " and the series' key; unit "", in time
+    order. ``device_of(pid)``: the device number of an event's pid (-1: the host). A value that is no finite number
+    (nor a string of one) is skipped, as Perfetto skips it; an event without a finite ``ts`` is refused, naming it."""
+    times, devices, names, units, values = [], [], [], [], []
+    for index, name, pid, _tid, ts, id_, args in events:
+        if not math.isfinite(ts):
+            raise InvalidArgument(f"cannot load trace {where}: traceEvents[{index}] ({name!r:.80}) has no finite ts")
+        device = device_of(pid)
+        for series, value in args.items():
+            number = _number(value)
+            if number is None:
+                continue
+            times.append(ts)
+            devices.append(device)
+            values.append(number)
+            if own:
+                names.append(name)
+                units.append(series)
+            else:
+                names.append(f"{name}{'' if id_ is None else f' id: {id_}'} {series}")
+                units.append("")
+    table = {
+        "time_ns": ns_column(np.array(times, np.float64), where, "ts") + base_ns,
+        "device": np.array(devices, np.int16),
+        "name": np.array(names, object),
+        "unit": np.array(units, object),
+        "value": np.array(values, np.float64),
+    }
+    if not own:
+        order = np.argsort(table["time_ns"], kind="stable")
+        table = {column: values[order] for column, values in table.items()}
+    return table
+
+
+def _number(value: Any) -> float | None:
+    """A counter value as a float: a number (not a bool) or a numeric string, finite; else None."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    elif type(value) not in (int, float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None

@@ -102,11 +102,26 @@ class Metadata(Event, tag="M"):
     args: Args = NO_ARGS
 
 
-#: The Chrome trace format's other phases ("B", "E", "C", "b", "e", "n", "P", "O", ...), every letter and "(", ")":
-#: a phase outside them is read by the slower path, which files it under "?".
+class Counter(Event, tag="C"):
+    """A counter event (``gw.trace(counters=True)``'s samples, Chrome's and Perfetto's counter tracks): each arg a
+    series and its value (kept whole: counter events are few, and their keys are the series' names)."""
+
+    name: str = ""
+    pid: _ID = None
+    tid: _ID = None
+    ts: float = float("nan")
+    id: int | str | None = None
+    args: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+#: The Chrome trace format's other phases ("B", "E", "b", "e", "n", "P", "O", ...), every letter and "(", ")": a
+#: phase outside them is read by the slower path, which files it under "?".
 _OTHER = [
-    msgspec.defstruct(f"Phase{ord(c)}", [], bases=(Event,), tag=c)
-    for c in "?()ABCDEFGHIJKLNOPQRSTUVWYZabcdeghjklmnopqrtuvwxyz"
+    Counter,
+    *(
+        msgspec.defstruct(f"Phase{ord(c)}", [], bases=(Event,), tag=c)
+        for c in "?()ABDEFGHIJKLNOPQRSTUVWYZabcdeghjklmnopqrtuvwxyz"
+    ),
 ]
 PHASES = frozenset("Xsfi M".replace(" ", "")) | {cls.__struct_config__.tag for cls in _OTHER}
 _ANY = Union[(Complete, FlowStart, FlowEnd, Instant, Metadata, *_OTHER)]  # noqa: UP007 (built from a list)
@@ -231,7 +246,7 @@ def typed_event(e: dict, i: int, where: str) -> dict:
         out["id"] = e["id"]
     args = e.get("args")
     if type(args) is dict:
-        out["args"] = _typed_args(args)
+        out["args"] = args if out["ph"] == "C" else _typed_args(args)  # a counter's args are its series
     return out
 
 

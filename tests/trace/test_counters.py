@@ -4,6 +4,7 @@ what OpenCL (PoCL) and devices without a source say, a failing source, the sampl
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -241,3 +242,95 @@ def test_gpu_cell_magic_records_counters_with_the_option(shell):
     finally:
         for name in ("a", "with_counters", "without"):
             shell.user_ns.pop(name, None)
+
+
+# ---------------------------------------------------------------------------------------------- load_trace
+
+
+def finite_rows(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    keep = np.isfinite(c["value"])
+    return {k: v[keep] for k, v in c.items()}
+
+
+def test_an_export_with_counters_loads_back_the_same_counters(sampled, tmp_path):
+    path = str(tmp_path / "t.json")
+    sampled.to_chrome_trace(path)
+    loaded = gw.load_trace(path)
+    want, got = finite_rows(sampled.counters()), loaded.counters()
+    assert list(got) == list(COLUMNS) and got["name"].size == want["name"].size > 0
+    for column in ("device", "name", "unit", "value"):
+        assert got[column].tolist() == want[column].tolist(), column
+    assert np.abs(got["time_ns"] - want["time_ns"]).max() <= 1000
+    assert got["device"].dtype == np.int16 and got["value"].dtype == np.float64
+    assert loaded.counter_sources == {"host": f"read from {path}"}
+    assert loaded.counting  # drawn with its counter tracks, as the recorded one
+
+
+def test_an_exported_counter_of_a_device_comes_back_on_that_device(sampled, tmp_path):
+    doc = sampled.to_chrome_trace()
+    (dev, clock), *_ = sampled.devices.items()
+    moved = next(e for e in doc["traceEvents"] if e["ph"] == "C")
+    moved["pid"] = dev
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    loaded = gw.load_trace(path)
+    c = loaded.counters()
+    assert c["device"].tolist().count(dev) == 1 and (c["device"] == HOST).sum() == c["device"].size - 1
+    assert c["name"][c["device"] == dev].tolist() == [moved["name"]]
+    assert loaded.counter_sources == {"host": f"read from {path}", clock.key: f"read from {path}"}
+
+
+def chrome_doc(*counters: dict) -> dict:
+    """A Chrome trace from elsewhere: one kernel on GPU 0 (pid 0), host work in pid 4242, and ``counters``."""
+    kernel = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5, "args": {"device": 0}}
+    call = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 4242, "tid": 1, "ts": 8, "dur": 1}
+    return {"traceEvents": [kernel, call, *counters]}
+
+
+def test_counter_events_from_elsewhere_load_as_a_track_per_series(tmp_path):
+    doc = chrome_doc(
+        {"ph": "C", "name": "queue", "pid": 4242, "tid": 1, "ts": 20.5, "args": {"reads": 3, "writes": 1.25}},
+        {"ph": "C", "name": "queue", "pid": 4242, "ts": 12, "id": 7, "args": {"reads": "4"}},
+        {"ph": "C", "name": "power", "pid": 0, "ts": 15, "args": {"W": 250}},
+    )
+    path = tmp_path / "chrome.json"
+    path.write_text(json.dumps(doc))
+    loaded = gw.load_trace(path)
+    c = loaded.counters()
+    assert c["name"].tolist() == ["queue id: 7 reads", "power W", "queue reads", "queue writes"]  # in time order
+    assert c["time_ns"].tolist() == [12_000, 15_000, 20_500, 20_500]
+    assert c["value"].tolist() == [4.0, 250.0, 3.0, 1.25]
+    assert c["device"].tolist() == [HOST, 0, HOST, HOST]  # pid 0 is GPU 0's process; the others the host's
+    assert c["unit"].tolist() == [""] * 4
+    assert loaded.counter_sources == {"host": f"read from {path}", "cuda:0": f"read from {path}"}
+
+
+def test_a_trace_without_counter_events_has_an_empty_counters_table(tmp_path):
+    path = tmp_path / "chrome.json"
+    path.write_text(json.dumps(chrome_doc()))
+    loaded = gw.load_trace(path)
+    c = loaded.counters()
+    assert list(c) == list(COLUMNS) and all(v.size == 0 for v in c.values())
+    assert loaded.counter_sources == {} and not loaded.counting
+
+
+def test_counter_values_that_are_no_number_are_skipped(tmp_path):
+    values = {"ok": 2, "word": "many", "flag": True, "list": [1], "none": None, "huge": "1e999"}
+    path = tmp_path / "chrome.json"
+    path.write_text(json.dumps(chrome_doc({"ph": "C", "name": "c", "pid": 4242, "ts": 1, "args": values})))
+    c = gw.load_trace(path).counters()
+    assert c["name"].tolist() == ["c ok"] and c["value"].tolist() == [2.0]
+    path.write_text(json.dumps(chrome_doc({"ph": "C", "name": "c", "pid": 4242, "ts": 1, "args": {"v": math.nan}})))
+    assert gw.load_trace(path).counters()["name"].size == 0  # NaN (Python's json writes it): no value
+
+
+@pytest.mark.parametrize("ts", [math.nan, math.inf, None, "soon"])
+def test_a_counter_event_without_a_finite_ts_is_refused(tmp_path, ts):
+    event = {"ph": "C", "name": "bad counter", "pid": 4242, "args": {"v": 1}}
+    if ts is not None:
+        event["ts"] = ts
+    path = tmp_path / "chrome.json"
+    path.write_text(json.dumps(chrome_doc(event)))
+    named = r"traceEvents\[2\] \('bad counter'\)" if ts != "soon" else "ts is not a number"
+    with pytest.raises(gw.GpuError, match=f"cannot load trace .*{named}"):
+        gw.load_trace(path)
