@@ -64,8 +64,8 @@ def capture_graph(
             note = f"graph: one capture of the call replayed per sample ({graph.ops} ops, one graph launch)"
         else:
             note = (
-                f"graph: {device.spec} has no native graphs, so each replay re-issues the {graph.ops} captured ops one "
-                "by one (host time is not a graph launch's)"
+                f"graph: {device.spec} has no native graphs, so each replay re-issues the captured ops one by one "
+                f"({graph.ops}: host time is not a graph launch's)"
             )
         return graph.launch, note, graph.close
     graph.close()
