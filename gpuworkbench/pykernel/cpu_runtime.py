@@ -7,9 +7,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import GpuError
-from .ktypes import BFLOAT16
+from . import ktypes
 
-bfloat16 = BFLOAT16  # ml_dtypes' bfloat16 (None where ml_dtypes is not installed: no bf16 kernel runs then)
+
+def __getattr__(name: str) -> Any:
+    """``bfloat16``: ml_dtypes' (None where it is not installed: no bf16 kernel runs then), imported on first use."""
+    if name == "bfloat16":
+        return ktypes.bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def narrow(lanes: np.ndarray | None, cond: Any) -> np.ndarray:

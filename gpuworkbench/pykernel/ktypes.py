@@ -5,21 +5,28 @@ the tables here map those strings to NumPy and give each integer type its range.
 
 ``f16`` and ``bf16`` are storage types: arrays, shared arrays and locals hold them, and a value read from one computes
 as f32 (a store rounds it back to the nearest). bfloat16 has no NumPy dtype: its arrays use ``ml_dtypes.bfloat16``
-where ml_dtypes is installed (``BFLOAT16`` is None otherwise).
+where ml_dtypes is installed (``bfloat16()``, None otherwise), imported when a bfloat16 is first asked for, not with
+the package.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidArgument
 
-try:  # bfloat16's NumPy dtype, where the package that defines one is installed
-    from ml_dtypes import bfloat16 as BFLOAT16
-except ImportError:  # pragma: no cover - depends on the environment
-    BFLOAT16 = None
+
+@functools.cache
+def bfloat16() -> Any:
+    """bfloat16's NumPy scalar type, where the package that defines one is installed (None otherwise)."""
+    try:
+        from ml_dtypes import bfloat16 as found
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return found
 
 
 class ScalarType:
@@ -31,7 +38,14 @@ class ScalarType:
 
     def __init__(self, name: str, dtype: Any) -> None:
         self.name = name
-        self.dtype = None if dtype is None else np.dtype(dtype)  # None: bf16 without ml_dtypes
+        self._dtype = None if dtype is None else np.dtype(dtype)  # None: bf16's, looked up on first use
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        """The NumPy dtype; None for bf16 without ml_dtypes."""
+        if self._dtype is None and self.name == "bf16" and bfloat16() is not None:
+            self._dtype = np.dtype(bfloat16())
+        return self._dtype
 
     def __getitem__(self, dims: Any) -> ArrayType:
         if dims == slice(None):
@@ -101,7 +115,7 @@ INDEX = IndexType()
 SCALAR_TYPES = {
     name: ScalarType(name, dtype)
     for name, dtype in [("f32", np.float32), ("f64", np.float64), ("i32", np.int32), ("u32", np.uint32),
-                        ("i64", np.int64), ("f16", np.float16), ("bf16", BFLOAT16)]
+                        ("i64", np.int64), ("f16", np.float16), ("bf16", None)]
 }  # fmt: skip
 FLOATS = ("f32", "f64")  # the floats a value computes in
 HALVES = ("f16", "bf16")  # 16-bit floats: storage only, computed as f32
@@ -115,14 +129,15 @@ def numpy_dtype(t: str) -> np.dtype:
     """The NumPy dtype of kernel type ``t``; InvalidArgument for bf16 where ml_dtypes (its only NumPy dtype) is
     missing."""
     if t == "bf16":
-        if BFLOAT16 is None:
+        if bfloat16() is None:
             raise InvalidArgument("bfloat16 has no NumPy dtype without the ml_dtypes package: pip install ml_dtypes")
-        return np.dtype(BFLOAT16)
+        return np.dtype(bfloat16())
     return np.dtype(NUMPY_TYPES[t])
 
 
 def kernel_type(dtype: Any) -> str | None:
     """The kernel type holding NumPy ``dtype`` ("f32", "bf16" ...), None for one kernels do not take."""
+    bfloat16()  # registers the name "bfloat16" with NumPy, where ml_dtypes is installed
     try:
         dt = np.dtype(dtype)
     except TypeError:

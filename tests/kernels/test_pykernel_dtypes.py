@@ -14,7 +14,7 @@ from gpuworkbench.pykernel import ktypes
 
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="gpuwb-xdg-"))  # quiets Mesa's loader
 every_backend = pytest.mark.parametrize("device", WITH_WEBGPU, indirect=True)
-BF16 = pytest.param("bf16", marks=pytest.mark.skipif(ktypes.BFLOAT16 is None, reason="bfloat16 needs ml_dtypes"))
+BF16 = pytest.param("bf16", marks=pytest.mark.skipif(ktypes.bfloat16() is None, reason="bfloat16 needs ml_dtypes"))
 HALVES = ["f16", BF16]
 
 
@@ -114,9 +114,20 @@ def test_reads_compute_as_f32():
 
 
 def test_bfloat16_without_ml_dtypes_says_what_to_install(monkeypatch):
-    monkeypatch.setattr(ktypes, "BFLOAT16", None)
+    monkeypatch.setattr(ktypes, "bfloat16", lambda: None)
     with pytest.raises(gw.InvalidArgument, match="bfloat16 has no NumPy dtype without the ml_dtypes package"):
         ktypes.numpy_dtype("bf16")
+
+
+def test_importing_the_package_leaves_ml_dtypes_until_a_bfloat16_is_asked_for():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gpuworkbench; from gpuworkbench.pykernel import ktypes; before = 'ml_dtypes' in sys.modules; "
+        "ktypes.numpy_dtype('bf16'); print(before, 'ml_dtypes' in sys.modules)"
+    )
+    assert subprocess.check_output([sys.executable, "-c", code], text=True).split() == ["False", "True"]
 
 
 def test_a_device_that_lacks_a_type_is_named(cpu, monkeypatch):
