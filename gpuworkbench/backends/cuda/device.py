@@ -453,13 +453,7 @@ class CudaDevice(BackendDevice):
                 raise
             self._rt.setDevice(self._id)  # a thread whose first CUDA call this is: make the context current
             varying.launch(ptr, values)
-        if self._capturing and ptr in self._capturing:
-            return IN_GRAPH
-        marks = self._marks.get(ptr)
-        if marks is None:
-            return self._mark(stream)
-        number = marks.issued = next(marks.numbers)  # StreamMarks.enqueued, inlined
-        return LazyCompletion(marks, number)
+        return self._finish(stream, None)
 
     def kernel_arg(self, arg: BufferArg) -> np.uint64:
         """A buffer as a kernel argument: its device pointer (made once per buffer)."""
