@@ -1,7 +1,7 @@
 """Where a trace's counters come from: a source per device that offers some, and what each device offers.
 
 A source says which device it samples (a trace device number; ``HOST`` for the host), its counters (name, unit), its
-rate and what it is ("psutil, 20 Hz"), and returns one value per counter from ``sample()``. The host's source reads
+rate and what it is ("psutil, 10 Hz"), and returns one value per counter from ``sample()``. The host's source reads
 the host's CPU and memory and this process's share of them (psutil, imported when a trace first samples). Devices of
 the CPU backend run on the host: the host's counters are theirs. OpenCL (PyOpenCL) and WebGPU (wgpu-py) expose no
 utilization or memory counter; CUDA and ROCm devices have no source in this build yet: ``offer`` says so.
@@ -47,7 +47,7 @@ class CounterSource(Protocol):
         ...
 
     def describe(self) -> str:
-        """What the source is and how often it samples, in a few words ("psutil, 20 Hz")."""
+        """What the source is and how often it samples, in a few words ("psutil, 10 Hz")."""
         ...
 
     def close(self) -> None:
