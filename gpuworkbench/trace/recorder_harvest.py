@@ -14,8 +14,9 @@ from .spans import KIND_CODE
 
 #: Polling period of a stopped trace's harvester while its last ops finish (and of ``wait_pending``).
 DRAIN_S = 0.01
-#: How often ``wait_pending`` looks again (a waiter hurries the harvester: a 1 000-span cell waited 5 ms polls).
-WAIT_POLL_S = 0.0005
+#: How soon ``wait_pending`` first looks again, doubling up to ``WAIT_POLL_MAX_S`` (a waiter hurries the harvester:
+#: a 1 000-span cell had waited out 5 ms polls; a long-running op is not polled at 2 kHz).
+WAIT_POLL_S, WAIT_POLL_MAX_S = 0.0005, 0.002
 #: While a CUPTI trace records and nobody reads it, its harvester leaves CUPTI's records where they are (in CUPTI's
 #: buffers, or undecoded in ours) for up to this many ops (~350 bytes each): flushing (which holds CUPTI's locks) and
 #: decoding (which holds the GIL) would compete with the very launches being measured. A read, stopping, or this
@@ -186,6 +187,7 @@ class Harvesting:
     def wait_pending(self, timeout_s: float = 30.0) -> bool:
         """Block until every recorded op has its span (the ops themselves must finish); False on timeout."""
         deadline = time.monotonic() + timeout_s
+        poll = WAIT_POLL_S
         while self._unfinished():
             self._read_at = time.monotonic()  # a recording trace's harvester decodes while someone waits
             if self._thread is None or not self._thread.is_alive():
@@ -194,7 +196,8 @@ class Harvesting:
                 self._hurry.set()  # a stopped trace's harvester drains now, not at its gentle pace
             if time.monotonic() > deadline:
                 return False
-            time.sleep(min(self.interval_s / 2, WAIT_POLL_S))
+            time.sleep(min(self.interval_s / 2, poll))
+            poll = min(2 * poll, WAIT_POLL_MAX_S)  # quick at first (a cell's last spans), then less often
         if not self.recording and self._thread is not None:
             self._thread.join(max(0.0, deadline - time.monotonic()))  # it releases CUPTI as it ends
         return True
