@@ -17,6 +17,7 @@ from .buffer import Buffer
 from .errors import BackendUnavailable, InvalidArgument
 from .kernels import Kernel
 from .persistent import PersistentKernel
+from .persistent.kernel import ARENA_BYTES
 from .streams import Stream, StreamAssignment, StreamPool, StreamSet
 
 
@@ -217,10 +218,14 @@ class Device:
         raw = self.backend_device.compile(source, name, tuple(options))
         return Kernel(self, raw, name, source)
 
-    def persistent(self, capacity: int = 256, threads: int = 256, label: str = "persistent") -> PersistentKernel:
+    def persistent(
+        self, capacity: int = 256, threads: int = 256, label: str = "persistent", arena_bytes: int = ARENA_BYTES
+    ) -> PersistentKernel:
         """Launch a kernel that loops on its own stream taking commands from a ring (CUDA, ROCm; a thread on the
-        CPU backend) until ``stop()``. Blocks while compiling it (the first time) and launching it."""
-        return PersistentKernel(self, capacity, threads, label)
+        CPU backend) until ``stop()``. Blocks while compiling it (the first time) and launching it. On CUDA, buffers
+        allocated while it runs come from an arena of ``arena_bytes`` made before its launch, so that it may read
+        them."""
+        return PersistentKernel(self, capacity, threads, label, arena_bytes)
 
     # ------------------------------------------------------------------ sync and lifetime
     def synchronize(self) -> None:

@@ -21,7 +21,9 @@ cudaMallocAsync/cudaFreeAsync, cudaHostAlloc, copies, other streams' syncs and m
 
 - ``Device.synchronize()`` skips the persistent stream; ``Stream.synchronize()`` on it raises instead of hanging.
 - ``Buffer.free`` (cudaFree may synchronize the device) is deferred until the last persistent kernel on the device
-  stops; memory allocated meanwhile comes from ``cudaMallocAsync`` on a private stream and is freed stream-ordered.
+  stops. Memory allocated meanwhile comes from an arena allocated just before the kernel's launch, so that CUDA
+  promises the kernel what it reads there (``backends/cuda/arena.py``); once the arena is full, from
+  ``cudaMallocAsync`` on a private stream, freed stream-ordered, which a running kernel refuses to read.
 - ``Device.compile`` is refused: loading a module may synchronize the context (CUDA's lazy loading). Compile first.
 - The ring (mapped host memory) is released with cudaFreeHost only once no persistent kernel runs on the device.
 - A trace that first meets the device while one runs takes its spans from CUDA events, not CUPTI (which would wait).

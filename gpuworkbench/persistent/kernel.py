@@ -38,6 +38,9 @@ from .ring import (
 if TYPE_CHECKING:
     from ..device import Device
 
+#: The arena a CUDA persistent kernel's device suballocates while it runs (``backends/cuda/arena.py``): buffers made
+#: meanwhile come from it, so that the kernel reads only memory that existed at its launch.
+ARENA_BYTES = 256 << 20
 _SPIN_S = 20e-6  # spin without yielding this long, then yield the GIL between polls
 _ALIVE_EVERY_S = 0.01  # how often a wait checks that the kernel still runs
 _RUNNING: set[PersistentKernel] = set()
@@ -77,7 +80,14 @@ class PersistentKernel:
     Command = Command
     ECHO, SCALE, SUM = Command.ECHO, Command.SCALE, Command.SUM
 
-    def __init__(self, device: Device, capacity: int = 256, threads: int = 256, label: str = "persistent") -> None:
+    def __init__(
+        self,
+        device: Device,
+        capacity: int = 256,
+        threads: int = 256,
+        label: str = "persistent",
+        arena_bytes: int = ARENA_BYTES,
+    ) -> None:
         device.check_open()
         kind = device.backend_kind
         if kind.value not in ("cuda", "rocm", "cpu"):
@@ -90,6 +100,8 @@ class PersistentKernel:
             raise InvalidArgument(f"capacity is the ring's slot count, 2 to 65536; got {capacity!r}")
         if isinstance(threads, bool) or not isinstance(threads, int) or threads not in (32, 64, 128, 256, 512, 1024):
             raise InvalidArgument(f"threads must be a power of two from 32 to 1024 (one block); got {threads!r}")
+        if isinstance(arena_bytes, bool) or not isinstance(arena_bytes, int) or arena_bytes < 0:
+            raise InvalidArgument(f"arena_bytes is a size in bytes, 0 or more; got {arena_bytes!r}")
         self.device, self.capacity, self.threads = device, capacity, threads
         self._emulated = kind.value == "cpu"
         self._spin_s = 0.0 if self._emulated else _SPIN_S  # the CPU loop needs the GIL to answer: yield at once
@@ -100,6 +112,7 @@ class PersistentKernel:
         self._waiters = 0
         self._state = "starting"
         self._fault: BaseException | None = None
+        self._mark = 0  # the backend's mark at launch: which buffers this kernel may read
         backend = device.backend_device
         nbytes = HEADER + 2 * capacity * SLOT
         if self._emulated:
@@ -118,7 +131,7 @@ class PersistentKernel:
         self.stream = device.create_stream(label)
         try:
             if not self._emulated:
-                backend.persistent_started()
+                self._mark = backend.persistent_started(arena_bytes)
                 listeners.block(self, _BLOCKING)
             try:
                 self._completion = backend.launch(raw, (1,), (threads,), args, self.stream.raw, False)
@@ -304,6 +317,7 @@ class PersistentKernel:
                     self._loop.buffers[ticket] = buffer.check()
                 else:
                     pointer = int(buffer.check())
+                    self._check_readable(buffer, pointer)
             mv, slot = self._mv, HEADER + (ticket % self.capacity) * SLOT
             BODY.pack_into(mv, slot + 8, code, pointer, n, a, b, dtype)
             I64.pack_into(mv, slot, ticket)  # last: the kernel takes the command once it sees this number
@@ -395,6 +409,19 @@ class PersistentKernel:
         if code == Command.SUM and DTYPES[dtype].kind != "f":
             return int(ivalue)
         return float(value)
+
+    def _check_readable(self, buffer: Buffer, pointer: int) -> None:
+        """Refuse a buffer that CUDA does not promise this kernel: one allocated after its launch, outside the arena."""
+        backend = self.device.backend_device
+        if backend.persistent_may_read(pointer, self._mark):
+            return
+        size, used, hole = backend.arena_info()
+        raise InvalidArgument(
+            f"this {buffer.size_bytes}-byte buffer was allocated while the persistent kernel ran, outside its arena "
+            f"({size} bytes, {used} in use, the largest free piece {hole} bytes): CUDA does not promise a running "
+            "kernel memory allocated after its launch; allocate it before starting the kernel, or start it with a "
+            "larger arena_bytes"
+        )
 
     def _check_buffer(self, buffer: Any, n: int | None) -> tuple[int, int]:
         if not isinstance(buffer, Buffer):

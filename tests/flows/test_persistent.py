@@ -117,6 +117,8 @@ def test_threads_share_one_kernel(dev):
 def test_arguments_are_checked(dev):
     with pytest.raises(gw.InvalidArgument, match="capacity"):
         dev.persistent(capacity=1)
+    with pytest.raises(gw.InvalidArgument, match="arena_bytes"):
+        dev.persistent(arena_bytes=-1)
     with pytest.raises(gw.InvalidArgument, match="power of two"):
         dev.persistent(threads=100)
     with dev.persistent() as pk, dev.alloc(10, "uint8") as bytes_, dev.alloc(10, "float32") as floats:
@@ -309,19 +311,40 @@ def test_cuda_hazards_are_refused_or_deferred():
     dev = open_device("cuda")
     backend = dev.backend_device
     before = dev.alloc(1 << 10, "float32")
-    with dev.persistent() as pk:
+    with dev.persistent(arena_bytes=8 << 20) as pk:
         with pytest.raises(gw.InvalidArgument, match="compile"):
             dev.compile('extern "C" __global__ void k() {}', "k")
-        kept = dev.alloc(1 << 20, "float32")  # cudaMallocAsync on a private stream
+        kept = dev.alloc(1 << 20, "float32")  # 4 MiB pieces of the arena made before the launch
         meanwhile = dev.alloc(1 << 20, "float32")
-        assert len(backend._async_ptrs) == 2
-        assert pk.echo(1, 2) == 3.0
+        assert backend.arena_info()[:2] == (8 << 20, 8 << 20) and not backend._async_ptrs
+        outside = dev.alloc(1 << 20, "float32")  # the arena is full: cudaMallocAsync on a private stream
+        assert len(backend._async_ptrs) == 1
+        with pytest.raises(gw.InvalidArgument, match="outside its arena"):
+            pk.submit("sum", outside)  # CUDA does not promise a running kernel memory allocated after its launch
+        kept.copy_from_host(np.ones(1 << 20, np.float32))
+        assert pk.echo(1, 2) == 3.0 and pk.sum(kept) == float(1 << 20)
         before.free()  # cudaFree could wait for the kernel: deferred
-        meanwhile.free()  # stream-ordered
-        assert len(backend._deferred) == 1 and len(backend._async_ptrs) == 1
+        meanwhile.free()  # back into the arena
+        outside.free()  # stream-ordered
+        assert len(backend._deferred) == 1 and not backend._async_ptrs
+        assert backend.arena_info()[1] == 4 << 20
     assert not backend._deferred  # released once no persistent kernel runs
+    assert backend.arena_info()[0] == 8 << 20  # kept while a piece of it lives
     kept.free()
-    assert not backend._async_ptrs and dev.held_bytes == 0
+    assert backend.arena_info() == (0, 0, 0) and dev.held_bytes == 0
+
+
+@pytest.mark.gpu
+def test_a_kernel_launched_later_may_read_what_was_allocated_beside_an_earlier_one():
+    dev = open_device("cuda")
+    with dev.persistent(arena_bytes=0) as first:
+        late = _upload(dev, np.ones(256, np.float32))  # no arena: cudaMallocAsync, after first's launch
+        with pytest.raises(gw.InvalidArgument, match="allocate it before starting the kernel"):
+            first.sum(late)
+        with dev.persistent(label="second") as second:  # launched after the allocation: it may read it
+            assert second.sum(late) == 256.0
+    late.free()
+    assert dev.held_bytes == 0
 
 
 @pytest.mark.gpu

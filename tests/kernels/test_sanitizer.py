@@ -71,9 +71,8 @@ def test_memcheck_finds_nothing_in_a_library_matmul():
 
 
 def test_memcheck_finds_nothing_in_the_persistent_kernel():
-    """Its commands on a buffer allocated before it starts. (A buffer allocated while it runs comes from
-    cudaMallocAsync, and memcheck rightly reports the kernel's reads of it: the kernel was not ordered after that
-    allocation. See docs/architecture.md.)"""
+    """Its commands on a buffer allocated before it starts and on one allocated while it runs (from the arena made
+    before its launch: see docs/architecture.md)."""
     program = (
         "import numpy as np, gpuworkbench as gw\n"
         "dev = gw.Device('cuda:0')\n"
@@ -84,8 +83,12 @@ def test_memcheck_finds_nothing_in_the_persistent_kernel():
         "assert pk.call('sum', buf, timeout_s=120) == 499500.0\n"
         "pk.call('scale', buf, 2.0, n=10, timeout_s=120)\n"
         "assert pk.call('sum', buf, n=10, timeout_s=120) == 90.0\n"
+        "later = dev.alloc(4096, 'int64')\n"  # while it runs: a piece of its arena
+        "later.copy_from_host(np.arange(4096, dtype=np.int64))\n"
+        "assert pk.call('sum', later, timeout_s=120) == 4096 * 4095 // 2\n"
         "pk.stop(timeout_s=120)\n"
         "buf.free()\n"
+        "later.free()\n"
     )
     _memcheck_clean(program)
 

@@ -6,10 +6,11 @@ through pinned chunks filled by several threads (``staging.py``), much faster th
 The ROCm backend (``backends/rocm.py``) runs this code with CuPy's HIP build.
 
 While a persistent kernel runs (``persistent/``) nothing here may wait for the whole device, which would then wait
-forever: cudaFree and cudaFreeHost are deferred until the last one stops (memory allocated meanwhile comes from
-cudaMallocAsync and is freed stream-ordered), and compiling is refused, as loading a new module may synchronize the
-context (lazy loading). All three were seen waiting for a looping kernel on an H200
-(benchmarks/probes/persistent_probe.py).
+forever: cudaFree and cudaFreeHost are deferred until the last one stops, and compiling is refused, as loading a new
+module may synchronize the context (lazy loading). All three were seen waiting for a looping kernel on an H200
+(benchmarks/probes/persistent_probe.py). Memory allocated meanwhile comes from the arena allocated just before the
+first one launched (``arena.py``: the kernel may read it, as CUDA promises), and once that is full from
+cudaMallocAsync on a private stream, freed stream-ordered (a running kernel may not read that).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ..base import (
     host_address,
     wrap_pinned,
 )
+from .arena import Arena
 from .events import CudaCompletion, Epoch, EventPool, load_cupy
 from .launch import CONTEXT_ERROR, PackedLaunch, PreparedLaunch, packed, prepare
 from .peers import enable_peer
@@ -87,7 +89,9 @@ class CudaDevice(BackendDevice):
         self._persistent_lock = threading.Lock()
         self._persistent = 0  # persistent kernels running now: nothing may wait for the whole device meanwhile
         self._deferred: list[tuple[str, int]] = []  # ("device" | "host", pointer) freed once none runs
-        self._async_ptrs: set[int] = set()  # allocated with cudaMallocAsync while one ran: freed stream-ordered
+        self._async_ptrs: dict[int, tuple[int, int]] = {}  # cudaMallocAsync'd while one ran -> (bytes, sequence)
+        self._async_seq = 0  # counts those allocations: a kernel launched after one may read it
+        self._arena: Arena | None = None  # allocated before a persistent kernel's launch, suballocated while one runs
         self._side_stream: Any = None
         self._limits: KernelLimits | None = None
         self._peer_routes: dict[int, PeerRoute] = {}  # source device ordinal -> how copies from it travel
@@ -114,6 +118,10 @@ class CudaDevice(BackendDevice):
         self._use()
         try:
             if self._persistent:
+                with self._persistent_lock:
+                    piece = self._arena.alloc(nbytes) if self._arena is not None else None
+                if piece is not None:
+                    return piece
                 return self._alloc_beside_persistent(nbytes)
             return int(self._rt.malloc(nbytes))
         except self._rt.CUDARuntimeError as exc:
@@ -127,8 +135,15 @@ class CudaDevice(BackendDevice):
             return
         self._use()
         with self._persistent_lock:
+            arena = self._arena
+            if arena is not None and arena.owns(handle):
+                arena.free(handle)
+                if not arena and not self._persistent:  # its last piece, and no kernel may read it any longer
+                    self._arena = None
+                    self._rt.free(arena.base)
+                return
             if handle in self._async_ptrs:
-                self._async_ptrs.discard(handle)
+                del self._async_ptrs[handle]
                 self._rt.freeAsync(handle, self._side().ptr)  # stream-ordered: waits for no other stream
                 return
             if self._persistent:
@@ -154,7 +169,8 @@ class CudaDevice(BackendDevice):
         ptr = int(rt.mallocAsync(nbytes, side.ptr))
         side.synchronize()  # the memory is usable from every stream once this private stream has reached it
         with self._persistent_lock:
-            self._async_ptrs.add(ptr)
+            self._async_seq += 1
+            self._async_ptrs[ptr] = (nbytes, self._async_seq)
         return ptr
 
     # ------------------------------------------------------------------ persistent kernels (persistent/)
@@ -183,10 +199,42 @@ class CudaDevice(BackendDevice):
         self._use()
         self._rt.freeHost(host)
 
-    def persistent_started(self) -> None:
-        """A persistent kernel is about to launch: from now on frees are deferred and compiles refused."""
+    def persistent_started(self, arena_bytes: int) -> int:
+        """A persistent kernel is about to launch: from now on frees are deferred and compiles refused. The first of
+        several running gets an arena of ``arena_bytes`` (made now, before its launch; kept while pieces of it live).
+        Returns the mark ``persistent_may_read`` takes."""
+        self._use()
         with self._persistent_lock:
+            if self._arena is None and not self._persistent and arena_bytes > 0:
+                try:
+                    self._arena = Arena(int(self._rt.malloc(arena_bytes)), arena_bytes)
+                except self._rt.CUDARuntimeError:
+                    free, total = self.memory_info()
+                    raise OutOfMemory(
+                        arena_bytes,
+                        free,
+                        total,
+                        f"{self.info.backend}:{self._id} (a persistent kernel's arena: pass a smaller arena_bytes)",
+                    ) from None
             self._persistent += 1
+            return self._async_seq
+
+    def persistent_may_read(self, pointer: int, mark: int) -> bool:
+        """Whether a persistent kernel launched at ``mark`` may read ``pointer``: anything but memory that
+        cudaMallocAsync gave after its launch (CUDA promises a kernel only memory allocated before it)."""
+        with self._persistent_lock:
+            if self._arena is not None and self._arena.owns(pointer):
+                return True
+            for start, (nbytes, seq) in self._async_ptrs.items():
+                if start <= pointer < start + nbytes:
+                    return seq <= mark
+        return True
+
+    def arena_info(self) -> tuple[int, int, int]:
+        """The persistent kernels' arena: (bytes, bytes in use, largest free piece); zeros where there is none."""
+        with self._persistent_lock:
+            arena = self._arena
+            return (arena.size, arena.used, arena.largest_hole) if arena is not None else (0, 0, 0)
 
     def persistent_stopped(self) -> None:
         """A persistent kernel has exited; once none runs, release what was deferred meanwhile."""
@@ -195,6 +243,9 @@ class CudaDevice(BackendDevice):
             if self._persistent:
                 return
             deferred, self._deferred = self._deferred, []
+            if self._arena is not None and not self._arena:  # no piece left: release it with the rest
+                deferred.append(("device", self._arena.base))
+                self._arena = None
         self._use()
         for kind, ptr in deferred:
             (self._rt.free if kind == "device" else self._rt.freeHost)(ptr)
