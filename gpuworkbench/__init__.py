@@ -53,6 +53,8 @@ from .trace.recorder import Trace, provide_crossovers
 from .trace.recorder import new_trace as _new_trace
 from .trace.timeit import timeit
 
+cupti.point_nvtx_at_cupti()  # before the process's first NVTX call, so that every library's ranges reach a trace
+
 
 def trace(
     capacity: int = 1_000_000,
@@ -74,6 +76,7 @@ def trace(
 
 def live(trace: Trace | None = None, device: Device | str | None = None, client: Any = None, **options: Any) -> Any:
     """A dashboard widget that follows ``trace`` (or a trace it starts) while later cells run; ``.stop()`` ends it.
+    ``counters=True``: the trace it starts samples counters, and it shows their newest values.
     ``client`` (a Dask ``distributed.Client``): follow a trace of its whole cluster (``gw.dask.live``).
 
     Imports Bokeh and ipywidgets only when called, so that ``import gpuworkbench`` stays fast.

@@ -22,13 +22,15 @@ def enqueue(
     call: Callable[[bool], Any],
     keep: Any = None,
     many: bool = False,
+    launch: Any = None,
 ) -> Any:
     """Run ``call(timed)`` (which enqueues one backend op) and return its completion.
 
     ``keep`` (a host array, say) is held alive by the stream until the op is done; ``many`` says the op may run as
-    several device activities (a graph launch), which a CUPTI trace then gathers into one span. When no trace is
-    recording this costs one list check; when one is, the op is timed by the device (or by CUPTI) and recorded
-    without any sync.
+    several device activities (a graph launch), which a CUPTI trace then gathers into one span; ``launch``: a
+    kernel's (grid, block, registers, shared bytes), which a trace that times it by events keeps with its span.
+    When no trace is recording this costs one list check; when one is, the op is timed by the device (or by CUPTI)
+    and recorded without any sync.
     """
     capture = stream.capturing
     if capture is not None:  # inside ``with stream.capture()``: the graph records the op instead of running it
@@ -39,7 +41,7 @@ def enqueue(
         stream.track(completion, keep)
         return completion
     if len(traces) == 1:
-        return traces[0].record_op(stream, kind, nbytes, name, pinned, call, keep, many)
+        return traces[0].record_op(stream, kind, nbytes, name, pinned, call, keep, many, launch)
     device = stream.device
     numbered = [(t, t.device_number(device)) for t in list(traces)]
     timed = any(not t.uses_cupti(n, kind, nbytes, name) for t, n in numbered)
@@ -50,12 +52,20 @@ def enqueue(
     t1 = time.time_ns()
     stream.track(completion, keep)
     for (t, n), op_id in zip(numbered, ids):
-        t.op_end(op_id, n, stream.id, kind, nbytes, name, pinned, enqueue_ns, completion, many, (t0, t1))
+        t.op_end(op_id, n, stream.id, kind, nbytes, name, pinned, enqueue_ns, completion, many, (t0, t1), launch)
     return completion
 
 
 def enqueue_call(
-    stream: Stream, kind: str, nbytes: int, name: str, pinned: int, fn: Callable[..., Any], args: tuple, keep: Any
+    stream: Stream,
+    kind: str,
+    nbytes: int,
+    name: str,
+    pinned: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    keep: Any,
+    launch: Any = None,
 ) -> Any:
     """``enqueue`` of the op ``fn(*args, timed)``: when nothing traces or captures, it is called at once with
     ``timed=False`` and no closure is made (the launch path); otherwise it goes through ``enqueue``."""
@@ -63,7 +73,7 @@ def enqueue_call(
         completion = fn(*args, False)
         stream.track(completion, keep)
         return completion
-    return enqueue(stream, kind, nbytes, name, pinned, partial(fn, *args), keep)
+    return enqueue(stream, kind, nbytes, name, pinned, partial(fn, *args), keep, launch=launch)
 
 
 def host_event(device: Any, kind: str, nbytes: int, name: str, start_ns: int, address: int = 0) -> None:

@@ -54,6 +54,45 @@ def percent(value: float | None) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.1f} %"
 
 
+#: The units a counter's bytes (binary, as memory is sized) and bytes/s (decimal, as bandwidths are) are shown in.
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+RATE_UNITS = ("B/s", "kB/s", "MB/s", "GB/s", "TB/s")
+
+
+def counter_scale(unit: str, magnitude: float | None) -> tuple[float, str]:
+    """(divisor, unit shown) for a counter of ``unit`` whose values reach ``magnitude``: bytes in binary units, bytes/s
+    in decimal ones, anything else as it is; one scale per counter, so that its mean and peak read alike."""
+    if unit not in ("bytes", "bytes/s"):
+        return 1.0, unit
+    step, names = (1024.0, BINARY_UNITS) if unit == "bytes" else (1000.0, RATE_UNITS)
+    scale, magnitude = 1.0, abs(magnitude or 0.0)
+    for name in names[:-1]:
+        if magnitude < step * scale:
+            return scale, name
+        scale *= step
+    return scale, names[-1]
+
+
+def counter_figure(value: float, percent: bool) -> str:
+    """Three significant digits without an exponent; shares of 10 % and more without decimals ("38")."""
+    magnitude = abs(value)
+    if magnitude == 0 or magnitude >= 100 or (percent and magnitude >= 10):
+        return f"{value:.0f}"
+    if magnitude >= 10 or percent:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def counter_value(value: float, unit: str) -> str:
+    """A counter's value in its unit, as a dashboard line shows it ("38 %", "1.20 GB/s", "1980 MHz"); "n/a" for NaN."""
+    value = float(value)
+    if math.isnan(value):
+        return "n/a"
+    scale, shown = counter_scale(unit, value)
+    figure = counter_figure(value / scale, unit.startswith("%"))
+    return f"{figure} {shown}" if shown else figure
+
+
 def gbps(value: float) -> str:
     """A bandwidth in GB/s with three significant digits; "n/a" for NaN."""
     if math.isnan(value):

@@ -13,17 +13,18 @@ from typing import Any, Protocol
 
 
 class Listener(Protocol):
-    """What the core calls on a recording listener (``trace.recorder.Trace`` is the one the package has)."""
+    """What the core calls on a recording listener (``trace.recorder.Trace`` is the one the package has). ``launch``:
+    a kernel's (grid, block, registers per thread, shared bytes per block) as launched (-1: not known), or None."""
 
     def device_number(self, device: Any) -> int: ...
     def knows_device(self, device: Any) -> bool: ...
     def uses_cupti(self, number: int, kind: str, nbytes: int, name: str) -> bool: ...
     def op_id(self) -> int: ...
-    def record_op(
-        self, stream: Any, kind: str, nbytes: int, name: str, pinned: int, call: Any, keep: Any, many: bool = False
-    ) -> Any: ...
+    def record_op(self, stream: Any, kind: str, nbytes: int, name: str, pinned: int, call: Any, keep: Any,
+                  many: bool = False, launch: Any = None) -> Any: ...  # fmt: skip
     def op_end(self, op_id: int, number: int, stream_id: int, kind: str, nbytes: int, name: str, pinned: int,
-               enqueue_ns: int, completion: Any, many: bool, claim: tuple[int, int]) -> None: ...  # fmt: skip
+               enqueue_ns: int, completion: Any, many: bool, claim: tuple[int, int],
+               launch: Any = None) -> None: ...  # fmt: skip
     def host_event(
         self, number: int, kind: str, nbytes: int, name: str, start_ns: int, end_ns: int, address: int
     ) -> None: ...

@@ -109,6 +109,73 @@ def marker_case(warm: bool) -> None:
         print(json.dumps({"warm": warm, "round": round_, "ranges": ranges, "raw": raw[:24]}))
 
 
+def nvtx_variant(case: str) -> None:
+    """One way of making NVTX ranges, in a fresh process pointed at the wheel's libcupti: raw markers and spans."""
+    os.environ["NVTX_INJECTION64_PATH"] = loaded_wheel_cupti()
+    import torch
+
+    from gpuworkbench.trace.cupti import decode
+
+    raw: list[tuple] = []
+    take = decode.RecordDecoder.take_extras
+
+    def spy(self):  # noqa: ANN001, ANN202
+        out = take(self)
+        m = out.get("marker")
+        if m is not None:
+            raw.extend(zip(m["flags"].tolist(), m["id"].tolist(), m["name"].tolist(), m["domain"].tolist()))
+        return out
+
+    decode.RecordDecoder.take_extras = spy
+    import gpuworkbench as gw
+    from gpuworkbench.trace.spans import KIND_CODE
+
+    a = torch.randn(256, 256, device="cuda")
+    with gw.trace(others=True) as t:
+        if case == "torch_nested":
+            torch.cuda.nvtx.range_push("outer")
+            torch.cuda.nvtx.range_push("inner")
+            (a @ a).sum()
+            torch.cuda.nvtx.range_pop()
+            torch.cuda.nvtx.range_pop()
+        elif case == "torch_start_end":
+            r = torch.cuda.nvtx.range_start("startend")
+            (a @ a).sum()
+            torch.cuda.nvtx.range_end(r)
+        elif case.startswith("nvtx_"):
+            import nvtx
+
+            if case == "nvtx_annotate":
+                with nvtx.annotate("annotated"):
+                    (a @ a).sum()
+            elif case == "nvtx_domain":
+                with nvtx.annotate("in_domain", domain="mydomain"):
+                    (a @ a).sum()
+            elif case == "nvtx_push":
+                nvtx.push_range("pushed")
+                (a @ a).sum()
+                nvtx.pop_range()
+            elif case == "nvtx_two_instances":  # nvtx's copy of NVTX injected first, then torch's nested push/pop
+                with nvtx.annotate("first", domain="mydomain"):
+                    pass
+                torch.cuda.nvtx.range_push("outer")
+                torch.cuda.nvtx.range_push("inner")
+                (a @ a).sum()
+                torch.cuda.nvtx.range_pop()
+                torch.cuda.nvtx.range_pop()
+                with nvtx.annotate("last", domain="mydomain"):
+                    pass
+            elif case == "nvtx_mix":
+                torch.cuda.nvtx.range_push("outer")
+                with nvtx.annotate("inner"):
+                    (a @ a).sum()
+                torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+    table = t.table()
+    ranges = table["name"][table["kind"] == KIND_CODE["range"]].tolist()
+    print(json.dumps({"case": case, "ranges": ranges, "raw": raw[:12]}))
+
+
 def loaded_wheel_cupti() -> str:
     from cuda import pathfinder
 
@@ -220,6 +287,14 @@ def facts() -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--variants":
+        for case in ("torch_nested", "nvtx_two_instances", "nvtx_domain", "nvtx_mix"):
+            r = subprocess.run([sys.executable, SCRIPT, "--variant", case], capture_output=True, text=True, timeout=90)
+            print(r.stdout.strip()[-700:] or r.stderr.strip()[-700:])
+        sys.exit(0)
+    if len(sys.argv) > 2 and sys.argv[1] == "--variant":
+        nvtx_variant(sys.argv[2])
+        sys.exit(0)
     if len(sys.argv) > 2 and sys.argv[1] == "--markers":
         marker_case(sys.argv[2] == "warm")
         sys.exit(0)

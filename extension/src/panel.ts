@@ -1,6 +1,7 @@
 /**
  * The GPU Workbench side panel: the active notebook's kernel, its devices with live memory bars, and the traces
- * its `%%gpu` cells captured, each with buttons for its timeline and its export.
+ * its `%%gpu` cells captured, each with buttons for its timeline and its export, and its counters' summary where it
+ * recorded counters.
  */
 import { CommandRegistry } from '@lumino/commands';
 import { Widget } from '@lumino/widgets';
@@ -8,7 +9,7 @@ import { Widget } from '@lumino/widgets';
 import { formatBytes, formatClock, formatPercent, formatRatio, formatSeconds } from './format';
 import { gpuIcon } from './icons';
 import { KernelLink } from './link';
-import { IDevice, ITrace } from './protocol';
+import { ICounterDevice, IDevice, ITrace } from './protocol';
 
 /** The command ids the panel's buttons run (registered in index.ts). */
 export namespace CommandIDs {
@@ -274,6 +275,9 @@ export class WorkbenchPanel extends Widget {
       row.append(compareButton);
     }
     row.append(figures);
+    if (trace.counters && trace.counters.length > 0) {
+      row.append(this._counters(trace.counters));
+    }
     const open = () => void this._commands.execute(CommandIDs.showTimeline, { traceId: trace.id });
     row.addEventListener('click', open);
     row.addEventListener('keydown', event => {
@@ -283,6 +287,29 @@ export class WorkbenchPanel extends Widget {
       }
     });
     return row;
+  }
+
+  /** A line per device under the headline figures: its counters' means and peaks and what sampled them (in full
+   * on hover); a device without counters of its own says so in a few words ("the host's counters"), why on hover. */
+  private _counters(devices: readonly ICounterDevice[]): HTMLElement {
+    // jp-gpuwb-trace-figures: the figures' full-width row, small and muted; a div, so that its lines wrap
+    const block = element('div', 'jp-gpuwb-trace-figures jp-gpuwb-trace-counters');
+    for (const device of devices) {
+      const line = element('div', 'jp-gpuwb-trace-counter');
+      line.dataset.device = device.device;
+      if (device.counters.length === 0) {
+        line.textContent = `${device.device}: ${device.sampler || device.source || 'no counters'}`;
+        line.title = `${device.device} has no counters of its own: ${device.source || 'no source said why'}`;
+      } else {
+        const readings = device.counters.map(counter => counter.text).join(' · ');
+        line.textContent = `${device.device} (${device.sampler || 'unknown source'}): ${readings}`;
+        line.title =
+          `${device.device}: mean and peak over the trace, sampled by ${device.source || 'an unknown source'}\n` +
+          device.counters.map(counter => `${counter.name}: ${counter.samples} samples`).join('\n');
+      }
+      block.append(line);
+    }
+    return block;
   }
 
   private _link: KernelLink | null = null;

@@ -24,7 +24,27 @@ export interface IDevice {
   used_known: boolean;
 }
 
-/** One `%%gpu` cell's trace and its headline figures (null where they do not apply). */
+/** One counter over a trace: its mean and peak in `unit` (null where no sample had a value), and how it reads. */
+export interface ICounter {
+  name: string;
+  unit: string;
+  mean: number | null;
+  peak: number | null;
+  samples: number;
+  text: string;
+}
+
+/** One device's counters over a trace ("host" for the host's), and what sampled them: `source` in full, `sampler`
+ * its first clause ("NVML GPM, 10 Hz"). A device without counters of its own has none, and `source` says why. */
+export interface ICounterDevice {
+  device: string;
+  source: string;
+  sampler: string;
+  counters: ICounter[];
+}
+
+/** One `%%gpu` cell's trace and its headline figures (null where they do not apply); `counters` is absent or empty
+ * for a trace recorded without counters (and from a kernel that predates them). */
 export interface ITrace {
   id: number;
   cell: number | null;
@@ -36,6 +56,7 @@ export interface ITrace {
   idle_pct: number | null;
   spans: number;
   error: string | null;
+  counters?: ICounterDevice[];
 }
 
 /** Everything the panel shows about one kernel. */
@@ -105,6 +126,29 @@ function isDevice(v: unknown): v is IDevice {
   );
 }
 
+function isCounter(v: unknown): v is ICounter {
+  return (
+    isObject(v) &&
+    typeof v.name === 'string' &&
+    typeof v.unit === 'string' &&
+    isNumberOrNull(v.mean) &&
+    isNumberOrNull(v.peak) &&
+    isInt(v.samples) &&
+    typeof v.text === 'string'
+  );
+}
+
+function isCounterDevice(v: unknown): v is ICounterDevice {
+  return (
+    isObject(v) &&
+    typeof v.device === 'string' &&
+    typeof v.source === 'string' &&
+    typeof v.sampler === 'string' &&
+    Array.isArray(v.counters) &&
+    v.counters.every(isCounter)
+  );
+}
+
 function isTrace(v: unknown): v is ITrace {
   return (
     isObject(v) &&
@@ -117,7 +161,8 @@ function isTrace(v: unknown): v is ITrace {
     isNumberOrNull(v.efficiency) &&
     isNumberOrNull(v.idle_pct) &&
     isInt(v.spans) &&
-    isStringOrNull(v.error)
+    isStringOrNull(v.error) &&
+    (v.counters === undefined || (Array.isArray(v.counters) && v.counters.every(isCounterDevice)))
   );
 }
 

@@ -326,6 +326,17 @@ class BackendDevice(ABC):
         """The largest block this device runs; launches past it are refused before they reach the driver."""
         return PORTABLE_LIMITS
 
+    def occupancy_properties(self) -> dict[str, int]:
+        """The device's limits on resident work as ``cudaDeviceProp`` names them (``multiProcessorCount``,
+        ``regsPerMultiprocessor`` ...), from which a trace computes theoretical occupancy; empty where the backend
+        has no such model (here)."""
+        return {}
+
+    def kernel_resources(self, kernel: Any) -> tuple[int, int]:
+        """(registers per thread, static shared bytes per block) of a compiled ``kernel``, -1 where the backend does
+        not say (here); asked once per kernel, at its first traced launch."""
+        return -1, -1
+
     # Peer copies (Buffer.copy_from between two devices of this backend). The front end has already made ``stream``
     # wait (``wait_event``) for the source buffer's unfinished ops, so ``wait_event`` must take completions of the
     # backend's other devices.

@@ -322,6 +322,13 @@ class OpenCLDevice(BackendDevice):
             int(self._dev.max_work_group_size), (dims[0], dims[1], dims[2]), int(self._dev.local_mem_size)
         )
 
+    def kernel_resources(self, kernel: Any) -> tuple[int, int]:
+        """OpenCL says no registers; its local memory per work-group is the kernel's ``__local`` arrays."""
+        try:
+            return -1, int(kernel[0].get_work_group_info(_cl().kernel_work_group_info.LOCAL_MEM_SIZE, self._dev))
+        except Exception:  # noqa: BLE001 - a driver that does not answer: unknown
+            return -1, -1
+
     def clock_sample(self) -> ClockSample:
         cl = _cl()
         best: ClockSample | None = None

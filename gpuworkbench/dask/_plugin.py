@@ -9,7 +9,8 @@ estimate the worker's clock offset. ``transition`` keeps each task's compute and
 off as on another host. ``others`` is the worker's ``Trace(others=...)``: True also records other libraries' CUDA
 work (CuPy, PyTorch ...) through CUPTI from the trace's start, if a CUDA library is loaded in the worker by then
 (``dask_cuda``'s workers load ``cuda.core`` as they start); None leaves the worker's default (on unless its
-``GPUWB_TRACE_OTHERS=0``).
+``GPUWB_TRACE_OTHERS=0``). ``counters``: the worker's trace samples its host's and devices' counters, handed over
+with the spans (``dask/counters.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 from distributed import WorkerPlugin
 
 from ..trace.recorder import Trace
+from .counters import worker_counters
 
 #: The worker handler the client calls for clock samples (one per worker, shared by every session).
 CLOCK_HANDLER = "gpuworkbench_clock"
@@ -57,7 +59,8 @@ class TracePlugin(WorkerPlugin):
     """Records a gpuworkbench trace in every worker of a cluster, and the worker's tasks, until torn down.
 
     ``clock_shift_ns`` maps worker addresses or names to a shift added to every time the worker reports (a test hook:
-    the client must measure it back as that worker's clock offset); ``others`` is passed to each worker's ``Trace``."""
+    the client must measure it back as that worker's clock offset); ``others`` and ``counters`` are passed to each
+    worker's ``Trace``."""
 
     def __init__(
         self,
@@ -65,11 +68,13 @@ class TracePlugin(WorkerPlugin):
         clock_shift_ns: Mapping[Any, int] | None = None,
         capacity: int = 1_000_000,
         others: bool | None = None,
+        counters: bool = False,
     ) -> None:
         self.name = name
         self.clock_shift_ns = dict(clock_shift_ns or {})
         self.capacity = capacity
         self.others = others
+        self.counters = counters
         self.shift_ns = 0
         self.worker: Any = None
         self.trace: Trace | None = None
@@ -82,17 +87,20 @@ class TracePlugin(WorkerPlugin):
             "clock_shift_ns": self.clock_shift_ns,
             "capacity": self.capacity,
             "others": self.others,
+            "counters": self.counters,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["name"], state["clock_shift_ns"], state["capacity"], state.get("others"))
+        self.__init__(
+            state["name"], state["clock_shift_ns"], state["capacity"], state.get("others"), state.get("counters", False)
+        )
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
         shift = self.clock_shift_ns
         self.shift_ns = int(shift.get(worker.address, shift.get(worker.name, shift.get(str(worker.name), 0))))
         worker.handlers[CLOCK_HANDLER] = _clock_handler(worker)
-        self.trace = Trace(capacity=self.capacity, others=self.others).start()
+        self.trace = Trace(capacity=self.capacity, others=self.others, counters=self.counters).start()
 
     def teardown(self, worker: Any) -> None:
         if self.trace is not None:
@@ -116,9 +124,9 @@ class TracePlugin(WorkerPlugin):
             if action is not None:
                 self.tasks.append((key, action, ss["start"] - delay, ss["stop"] - delay, thread, ss.get("source", "")))
 
-    def collect(self, cursor: tuple[int, int], stop: bool) -> dict[str, Any]:
-        """What is new since ``cursor`` (spans, tasks), times on the alignment clock; ``stop`` ends the trace first
-        and waits (≤ 10 s) for the spans of ops still running."""
+    def collect(self, cursor: tuple[int, ...], stop: bool) -> dict[str, Any]:
+        """What is new since ``cursor`` (spans, tasks, counter samples), times on the alignment clock; ``stop`` ends
+        the trace first and waits (≤ 10 s) for the spans of ops still running."""
         trace = self.trace
         assert trace is not None
         if stop:
@@ -146,7 +154,7 @@ class TracePlugin(WorkerPlugin):
             "name": str(self.worker.name),
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "cursor": (span_cursor, task_cursor),
+            "cursor": (span_cursor, task_cursor, 0),
             "spans": columns,
             "names": names.tolist(),
             "codes": codes.astype(np.int32),
@@ -167,6 +175,9 @@ class TracePlugin(WorkerPlugin):
             "lost": trace.stats.lost,
             "ops": trace.stats.ops,
         }
+        if self.counters:
+            out |= worker_counters(trace, cursor[2] if len(cursor) > 2 else 0, perf)
+            out["cursor"] = (span_cursor, task_cursor, out["counter_cursor"])
         if stop:
             memory = trace.memory_table()
             memory["t_ns"] = memory["t_ns"] - perf

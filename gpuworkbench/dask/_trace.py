@@ -19,10 +19,13 @@ from typing import Any
 import numpy as np
 
 from ..trace.columns import Columns, DeviceClock
+from ..trace.counters import hold_samples
 from ..trace.export import HOST_PID, chrome_trace
 from ..trace.recorder import Trace
 from ..trace.spans import COLUMNS, KIND_CODE, MEMORY_COLUMNS, thread_stream
+from ..trace.statistics import Statistics, trace_statistics
 from ._plugin import CLOCK_HANDLER, TracePlugin, clock_minus_monotonic, collect
+from .counters import merge_counters, worker_part
 from .summary import TASK_COLUMNS, ClusterSummary, summarize_cluster
 
 _RANGE = KIND_CODE["range"]
@@ -57,7 +60,9 @@ class ClusterTrace(Trace):
     in ``t.stats.warnings``. ``live=True`` gathers every ``interval_s`` while recording (what ``gw.live(client=...)``
     follows). ``others`` is every worker's ``Trace(others=...)``: other libraries' CUDA work (CuPy, PyTorch ...) too,
     or not; None leaves each worker its default (on unless its ``GPUWB_TRACE_OTHERS=0``). Given as True, a worker
-    where it could not be had says so in the warnings.
+    where it could not be had says so in the warnings. ``counters``: every worker samples its host's and devices'
+    counters, merged into ``counters()`` under the worker's devices, its host's under its host device
+    (``dask/counters.py``).
     """
 
     def __init__(
@@ -70,8 +75,9 @@ class ClusterTrace(Trace):
         clock_shift_ns: Mapping[Any, int] | None = None,
         capacity: int = 1_000_000,
         others: bool | None = None,
+        counters: bool = False,
     ) -> None:
-        super().__init__(capacity=capacity)
+        super().__init__(capacity=capacity, counters=counters)
         self.client = client
         self.live, self.poll_interval_s, self.clock_samples = live, interval_s, clock_samples
         self.plugin_name = f"gpuworkbench-trace-{uuid.uuid4().hex[:10]}"
@@ -110,7 +116,7 @@ class ClusterTrace(Trace):
         self._perf_minus_mono = clock_minus_monotonic(time.perf_counter_ns)
         self.started_ns = time.perf_counter_ns()
         self._wall_start = time.time()
-        plugin = TracePlugin(self.plugin_name, self._shift, self.capacity, self.worker_others)
+        plugin = TracePlugin(self.plugin_name, self._shift, self.capacity, self.worker_others, self.counting)
         self.client.register_plugin(plugin, name=self.plugin_name)
         self._recording = True
         workers = _worker_addresses(self.client)
@@ -367,7 +373,14 @@ class ClusterTrace(Trace):
             if tasks is not None:
                 self.tasks = _concat([self.tasks, tasks], TASK_COLUMNS)
             self.workers = self._worker_records()
+            self._hold_counters()
             self._version += 1
+
+    def _hold_counters(self) -> None:
+        """Every worker's counter samples gathered so far, on the client's clock, as the trace's ``counters()``."""
+        if self.counting:
+            shift = {a: self._perf_minus_mono - self._offset(a)[0] for a in self._order}
+            hold_samples(self, *merge_counters(self._blocks, shift, self._dev_map, self._host_of))
 
     def _worker_records(self) -> list[dict[str, Any]]:
         """``t.workers``: one dict per worker seen, in order of first sight."""
@@ -428,6 +441,7 @@ class ClusterTrace(Trace):
             self._stats.dropped, self._stats.lost = dropped, lost
             for message in warnings:
                 self.warn_once(message)
+            self._hold_counters()
             self._version += 1
 
     # ------------------------------------------------------------------ reading
@@ -442,6 +456,11 @@ class ClusterTrace(Trace):
             list(self._host_of.values()),
             window,
         )
+
+    def statistics(self) -> Statistics:
+        """``Trace.statistics``, each worker's devices one process: a range holds only its own worker's ops."""
+        workers = enumerate(self.workers)
+        return trace_statistics(self, {d: w for w, i in workers for d in [i["host_device"], *i["devices"]]})
 
     def worker_trace(self, worker: int | str) -> Trace:
         """One worker's part as a finished Trace of its own (its devices renumbered from 0, its host rows on its first
@@ -470,7 +489,10 @@ class ClusterTrace(Trace):
                 note=clock.note,
             )
         labels = {(renumber[d], s): label for (d, s), label in self._stream_labels.items() if d in renumber}
-        return Trace.finished(part, devices, labels, started_ns=self.started_ns, stopped_ns=self.stopped_ns)
+        one = Trace.finished(part, devices, labels, started_ns=self.started_ns, stopped_ns=self.stopped_ns)
+        if self.counting:
+            hold_samples(one, *worker_part(self, renumber, info))
+        return one
 
     def to_chrome_trace(self, path: str | None = None) -> dict:
         """The merged trace as one Chrome-trace JSON (Perfetto): each worker's host rows in a process of their own
@@ -546,7 +568,8 @@ def _write(doc: dict, path: str | Path) -> None:
 
 def trace(client: Any, **options: Any) -> ClusterTrace:
     """A trace of every worker of ``client``'s cluster: ``with gw.dask.trace(client) as t:`` (see ``ClusterTrace``
-    for the options: ``live``, ``interval_s``, ``clock_samples``, ``clock_shift_ns``, ``capacity``, ``others``)."""
+    for the options: ``live``, ``interval_s``, ``clock_samples``, ``clock_shift_ns``, ``capacity``, ``others``,
+    ``counters``)."""
     return ClusterTrace(client, **options)
 
 
@@ -561,5 +584,6 @@ def live(client: Any, interval_s: float = 0.4, **options: Any) -> Any:
         interval_s=interval_s,
         capacity=options.pop("capacity", 250_000),
         others=options.pop("others", None),
+        counters=options.pop("counters", False),
     )
     return Live(cluster.start(), None, owns_trace=True, **options)

@@ -161,6 +161,7 @@ class ElementwiseKernel:
                     kernel = device.compile(src, self.name)
                 except CompileError as exc:  # our generator produced bad code: show it, it is our bug
                     raise CompileError(self.name, f"generated code failed to compile: {exc.log}", exc.source) from None
+                kernel.declared_shared = 0  # one thread per element, nothing shared
                 self._cache[key] = kernel
             return kernel
 

@@ -79,6 +79,20 @@ class Kernel:
         self._last: tuple | None = None  # the last launch's key and objects
         self._misses = 0  # launches in a row that were not repeats
         self._skip = 0  # launches still to make without a key, after _MISSES misses
+        #: Shared bytes per block its source declares (``@gw.kernel``'s shared arrays), -1 where not known: what a
+        #: trace reports where the backend does not say (``resources``).
+        self.declared_shared = -1
+        self._resources: tuple[int, int] | None = None
+
+    def resources(self) -> tuple[int, int]:
+        """(registers per thread, shared bytes per block) its launches use, -1 where not known: what the backend says
+        of the compiled kernel (``BackendDevice.kernel_resources``), else the shared bytes its source declares.
+        Asked at its first traced launch, then kept: a trace reports them with each launch's grid and block."""
+        found = self._resources
+        if found is None:
+            registers, shared = self.device.backend_device.kernel_resources(self._raw)
+            found = self._resources = (registers, shared if shared >= 0 else self.declared_shared)
+        return found
 
     def __call__(
         self,
@@ -116,8 +130,11 @@ class Kernel:
                             if listeners.RECORDING:  # a trace records it (and says whether to time it)
                                 run = (self._raw, hit[5], hit[6], values, s.raw)
                                 name = name or self.name
+                                launched = (hit[5], hit[6], *self.resources())
                                 launch = self._backend_launch
-                                completion = _dispatch.enqueue_call(s, "kernel", nbytes, name, -1, launch, run, values)
+                                completion = _dispatch.enqueue_call(
+                                    s, "kernel", nbytes, name, -1, launch, run, values, launched
+                                )
                             else:
                                 completion = self._launch_varying(hit[2], s.raw, values)
                                 s.inflight.append((completion, values))  # Stream.track, inlined
@@ -147,10 +164,15 @@ class Kernel:
                         traces = listeners.RECORDING
                         if traces:  # a trace records it (and says whether to time it)
                             name = name or self.name
+                            launched = (*hit[7], *self.resources())
                             if len(traces) == 1:  # _dispatch.enqueue's one-trace branch, inlined
-                                completion = traces[0].record_op(s, "kernel", nbytes, name, -1, hit[6], values)
+                                completion = traces[0].record_op(
+                                    s, "kernel", nbytes, name, -1, hit[6], values, False, launched
+                                )
                             else:
-                                completion = _dispatch.enqueue(s, "kernel", nbytes, name, -1, hit[6], values)
+                                completion = _dispatch.enqueue(
+                                    s, "kernel", nbytes, name, -1, hit[6], values, launch=launched
+                                )
                         else:
                             completion = self._launch_prepared(hit[2], s.raw)
                             s.inflight.append((completion, values))  # Stream.track, inlined
@@ -202,8 +224,9 @@ class Kernel:
         else:
             launch_args = (self._raw, grid_t, block_t, values, stream.raw)
             name = name or self.name
+            launched = (grid_t, block_t, *self.resources()) if stream.capturing is None else None
             completion = _dispatch.enqueue_call(
-                stream, "kernel", nbytes, name, -1, self._backend_launch, launch_args, values
+                stream, "kernel", nbytes, name, -1, self._backend_launch, launch_args, values, launched
             )
         sid = stream.id
         for b in buffers:
@@ -256,7 +279,7 @@ class Kernel:
         positions = tuple(i for i, a in enumerate(args) if isinstance(a, Buffer))
         prepared = self._prepare(self._raw, grid, block, values)
         traced = partial(self._run_prepared, prepared, grid, block, values, stream.raw)  # call(timed), for a trace
-        repeats[key] = (frees, stream, prepared, values, positions, keep, traced)
+        repeats[key] = (frees, stream, prepared, values, positions, keep, traced, (grid, block))
         _PREPARING.add(self)
 
     def _shaped(

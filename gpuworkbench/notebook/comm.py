@@ -18,7 +18,9 @@ kernel → front end   {"v": 1, "type": "hello", "version": str}                
 A device is ``{"id": "cpu:0", "backend", "index", "name", "is_gpu", "open", "current", "used", "total",
 "used_known"}`` (``used`` None for a device not opened in this kernel; ``used_known`` False where the backend cannot
 tell free memory and ``used`` is what gpuworkbench holds). A trace is ``{"id", "cell", "name", "started", "wall_s",
-"overlap_pct", "efficiency", "idle_pct", "spans", "error"}``. A message that is not valid JSON-shaped, has another
+"overlap_pct", "efficiency", "idle_pct", "spans", "error", "counters"}``; ``counters`` is its counters' summary per
+device (``counter_summary.summarize``), [] for a trace recorded without them (a panel takes a trace without the key as
+one without counters). A message that is not valid JSON-shaped, has another
 ``v`` or an unknown ``type`` is ignored with a logged warning; a request naming an unknown method or bad parameters is
 answered ``ok: false`` with a warning. Nothing a front end sends can raise in the kernel.
 """
@@ -30,12 +32,14 @@ import logging
 import math
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._version import __version__
 from ..device import Device, auto_spec, devices
+from .counter_summary import summarize_trace
 from .history import find, history
 
 PROTOCOL_VERSION = 1
@@ -48,6 +52,8 @@ DARK_PAGE = "background: #20262b; color: #e0e0e0;"
 log = logging.getLogger(__name__)
 
 _server: PanelServer | None = None
+#: A stopped trace's counter summary, with the stop time it was made for: every state push lists every trace.
+_counter_summaries: weakref.WeakKeyDictionary[Any, tuple[int, list[dict[str, Any]]]] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -157,7 +163,26 @@ def trace_entry(record: Any) -> dict[str, Any]:
         "idle_pct": _number(record.idle_pct),
         "spans": len(record.trace),
         "error": record.error,
+        "counters": counter_summary(record.trace),
     }
+
+
+def counter_summary(trace: Any) -> list[dict[str, Any]]:
+    """The trace's counters per device as the panel shows them (``counter_summary.summarize``), made once per stop
+    of the trace; [] without counters, or after a logged warning where they cannot be summarized."""
+    if not getattr(trace, "counting", False):
+        return []
+    kept = _counter_summaries.get(trace)
+    if kept is not None and not trace.recording and kept[0] == trace.stopped_ns:
+        return kept[1]
+    try:
+        rows = summarize_trace(trace)
+    except Exception as exc:  # noqa: BLE001 - the trace's other figures still reach the panel
+        log.warning("gpuworkbench comm: counters of trace %s: %s", getattr(trace, "id", "?"), exc)
+        return []
+    if not trace.recording:
+        _counter_summaries[trace] = (trace.stopped_ns, rows)
+    return rows
 
 
 def device_entry(info: Any, device: Any = None, current: str = "") -> dict[str, Any]:

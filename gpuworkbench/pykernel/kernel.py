@@ -88,6 +88,7 @@ class PythonKernel:
                 kernel = device.compile(src, self.ir.cname)
             except CompileError as exc:  # our generator wrote code the compiler refuses: our bug, shown with the code
                 raise CompileError(self.name, f"generated code failed to compile: {exc.log}", exc.source) from None
+            kernel.declared_shared = self.ir.shared_bytes  # what traces report where the backend does not say
             self._cache[key] = kernel
             return kernel
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from .device_limits import DeviceLimits
+
 
 @dataclass
 class DeviceClock:
@@ -19,6 +21,7 @@ class DeviceClock:
     offset_ns: int = 0  # device_ns - host_ns
     error_ns: int = 0  # alignment uncertainty (half the bracket of the clock sample)
     note: str = ""  # e.g. why CUPTI was not used and what the fallback's bias is
+    limits: DeviceLimits | None = None  # what occupancy is computed from (CUDA devices; None where not known)
 
 
 class Columns:

@@ -1,10 +1,11 @@
-"""Where a trace's counters come from: a source per device that offers some, and what each device offers.
+"""What a counter source is (``CounterSource``, ``Counter``) and the host's source; ``counter_offer.py`` says what each
+device offers.
 
 A source says which device it samples (a trace device number; ``HOST`` for the host), its counters (name, unit), its
 rate and what it is ("psutil, 10 Hz"), and returns one value per counter from ``sample()``. The host's source reads
 the host's CPU and memory and this process's share of them (psutil, imported when a trace first samples). Devices of
-the CPU backend run on the host: the host's counters are theirs. OpenCL (PyOpenCL) and WebGPU (wgpu-py) expose no
-utilization or memory counter; CUDA and ROCm devices have no source in this build yet: ``offer`` says so.
+the CPU backend run on the host: the host's counters are theirs. A CUDA device's source is NVML (``counter_nvml``:
+GPM where the GPU has it), where nvidia-ml-py is installed and NVML starts.
 """
 
 from __future__ import annotations
@@ -110,50 +111,6 @@ class HostSource:
 
     def close(self) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class Offer:
-    """What a device offers: its own source (None: none), what ``Trace.counter_sources`` says of it, and a note for
-    the trace's warnings ("" where none is due)."""
-
-    source: CounterSource | None
-    says: str
-    note: str = ""
-
-
-def offer(number: int, key: str, name: str, host: str) -> Offer:
-    """What the trace's device ``number`` (``key`` "opencl:0", named ``name``) offers, a source of its own sampling
-    it as ``number``; ``host``: what the host's source is, as its ``describe`` says it."""
-    backend = key.partition(":")[0]
-    if backend == "cpu":
-        return Offer(None, f"the host's counters ({host}): the CPU backend runs on the host's cores")
-    if backend in ("opencl", "webgpu"):
-        library = "PyOpenCL" if backend == "opencl" else "wgpu-py"
-        on_host = _runs_on_host(name)
-        says = f"none ({library} exposes no utilization or memory counter)"
-        if on_host:
-            says += f"; it runs on the host's cores, whose counters are sampled ({host})"
-        note = f"counters: {key} ({_short(name)}) offers none; the host's CPU and memory are sampled instead"
-        return Offer(None, says, note + (" (this device runs on them)" if on_host else ""))
-    return Offer(
-        None,
-        "none: no source for this device in this build",
-        f"counters: no source for {key} in this build; the host's CPU and memory are sampled instead",
-    )
-
-
-def _runs_on_host(name: str) -> bool:
-    """Whether a device is a CPU implementation on the host (PoCL's pthread device, Mesa's llvmpipe)."""
-    lowered = name.lower()
-    return any(word in lowered for word in ("portable computing language", "pthread", "llvmpipe", "(cpu)"))
-
-
-def _short(name: str) -> str:
-    """A device's name as a note shows it: PoCL for the Portable Computing Language, else the name up to 40 chars."""
-    if "portable computing language" in name.lower():
-        return "PoCL"
-    return name if len(name) <= 40 else name[:39] + "…"
 
 
 def host_source() -> CounterSource:

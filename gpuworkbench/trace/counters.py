@@ -2,7 +2,7 @@
 where its platform offers some, sampled on a thread of their own (from the harvesters' pool) on the trace's clock.
 
 The sampler starts with the trace and samples the host (``counter_sources.HostSource``) at once and then at its
-rate; each device that appears in the trace (at its first op) is asked what it offers (``counter_sources.offer``): a
+rate; each device that appears in the trace (at its first op) is asked what it offers (``counter_offer.offer``): a
 source of its own is sampled beside the host's, and a device without one says so once in ``trace.stats.warnings``.
 CPU shares cover the time since the sample before (the first has none: NaN). A sample's time is
 ``time.perf_counter_ns()``, the spans' host clock; the last sample, taken as the trace stops, carries the stop time.
@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from . import counter_sources
 from .columns import Columns
+from .counter_offer import offer
 from .counter_sources import CounterSource
 from .harvest_threads import THREADS, Run
 
@@ -163,12 +164,12 @@ class Sampler:
             if number in self._seen:
                 continue
             self._seen.add(number)
-            offer = counter_sources.offer(number, key, name, self._host or "not sampled")
-            self.sources[key] = offer.says
-            if offer.note:
-                self._warn(offer.note)
-            if offer.source is not None:
-                self._add(offer.source, key)
+            offer_ = offer(number, key, name, self._host or "not sampled")
+            self.sources[key] = offer_.says
+            if offer_.note:
+                self._warn(offer_.note)
+            if offer_.source is not None:
+                self._add(offer_.source, key)
 
     def _sample(self, due: list[_Due], at_ns: int) -> None:
         for d in due:

@@ -1,16 +1,18 @@
 """Export a trace as Chrome-trace JSON in the Kineto layout (what PyTorch's profiler writes; Perfetto opens it).
 
-The layout follows what HolisticTraceAnalysis (HTA) parses: ``distributedInfo.rank`` before ``traceEvents``; one
-process per device (pid = device number) with one thread per stream; device work as ``X`` events of category
-``kernel``, ``gpu_memcpy`` or ``gpu_memset`` whose ``args`` carry ``stream``, ``device``, ``correlation``, ``bytes``
-and ``memory bandwidth (GB/s)`` (kernels: ``grid`` and ``block`` as [x, y, z]); copies and memsets named as CUPTI
-names them ("Memcpy HtoD (Pinned -> Device)", "Memset (Device)"), which is how HTA tells memory kernels from compute
-kernels. Host-side work lives in a separate host process: tid 1 is the workbench's own row (allocations, frees,
-markers, and each op's enqueue as a ``cuda_runtime`` event where no API call of the trace enqueued it), tid ``k`` >= 2
-host thread row ``-k`` (``thread_stream(k - 2)``): its ``api`` calls as ``cuda_runtime`` events and its ``range``
-regions as ``user_annotation`` events. An API call and the device span it enqueued share ``args.correlation`` (their
-``corr``) and an ``ac2g`` flow arrow; spans without a ``corr`` get correlation ids of their own, from
-``gpuworkbench.synthetic_correlation_from`` on. A ``range`` on a device stream is a ``gpu_user_annotation`` there.
+The layout follows what HolisticTraceAnalysis (HTA) parses: ``distributedInfo.rank`` before ``traceEvents``; one process
+per device (pid = device number) with one thread per stream; device work as ``X`` events of category ``kernel``,
+``gpu_memcpy`` or ``gpu_memset`` whose ``args`` carry ``stream``, ``device``, ``correlation``, ``bytes`` and ``memory
+bandwidth (GB/s)`` (kernels: ``grid`` and ``block`` as [x, y, z], and where known ``registers per thread`` and ``shared
+memory``, static and dynamic, as Kineto writes them); copies and memsets named as CUPTI names them ("Memcpy HtoD (Pinned
+-> Device)", "Memset (Device)"), which is how HTA tells memory kernels from compute kernels. ``deviceProperties`` carry
+each CUDA device's limits as Kineto names them (``DeviceLimits.properties``). Host-side work lives in a separate host
+process: tid 1 is the workbench's own row (allocations, frees, markers, and each op's enqueue as a ``cuda_runtime``
+event where no API call of the trace enqueued it), tid ``k`` >= 2 host thread row ``-k`` (``thread_stream(k - 2)``): its
+``api`` calls as ``cuda_runtime`` events and its ``range`` regions as ``user_annotation`` events. An API call and the
+device span it enqueued share ``args.correlation`` (their ``corr``) and an ``ac2g`` flow arrow; spans without a ``corr``
+get correlation ids of their own, from ``gpuworkbench.synthetic_correlation_from`` on. A ``range`` on a device stream is
+a ``gpu_user_annotation`` there.
 Memory rows are PyTorch's ``[memory]`` instant events on the workbench's row: other libraries' bytes as "Total
 Allocated", with ``held_bytes`` and ``used_bytes`` beside it. Counter samples (``gw.trace(counters=True)``) are ``C``
 events, which Perfetto draws as counter tracks: named by the counter, their one arg keyed by its unit (Perfetto names
@@ -163,6 +165,7 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
     stream_col, device_col = table["stream"].astype(np.int64), table["device"].astype(np.int64)
     corr = table["corr"].astype(np.int64)
     loc = table["loc"].astype(np.int64) if "loc" in table else np.full(n, -1, np.int64)
+    registers, shared = (table.get(c, np.full(n, -1, np.int64)).tolist() for c in ("registers", "shared_bytes"))
     is_host = np.isin(kind_codes, [KIND_CODE[k] for k in HOST_KINDS])
     on_device = (kind_codes == KIND_CODE["range"]) & (stream_col >= 0)  # a range on a device stream
     host = is_host & ~on_device
@@ -264,6 +267,9 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
                 xyz = unpack_dim3(table[dim][i])
                 if xyz is not None:
                     args[dim] = list(xyz)
+            for key, value in (("registers per thread", registers[i]), ("shared memory", shared[i])):
+                if value >= 0:
+                    args[key] = int(value)
         if enqueue >= 0:
             args["enqueued (us)"] = _us(enqueue - origin)
         if loc[i] >= 0:
@@ -309,6 +315,7 @@ def chrome_trace(trace: Any, path: str | None = None, runtime_events: bool = Tru
         "distributedInfo": {"backend": "none", "rank": 0, "world_size": 1},
         "deviceProperties": [
             {"id": d, "name": c.name, "key": c.key, "timestamps": c.source, "alignment_error_ns": c.error_ns}
+            | (c.limits.properties() if getattr(c, "limits", None) is not None else {})
             for d, c in sorted(clocks.items())
         ],
         "displayTimeUnit": "ns",

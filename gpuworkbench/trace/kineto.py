@@ -1,11 +1,12 @@
 """Read traces made elsewhere: Chrome-trace / Kineto JSON from PyTorch's profiler (CUDA or ROCm) and our own exports.
 
-``load_trace(path)`` turns such a file into a finished ``Trace``, so that every analysis and picture works on it
-(DESIGN §5). Device work (categories ``kernel``, ``gpu_memcpy``, ``gpu_memset``) becomes device spans on
-(``args.device``, ``args.stream``) rows, with kind, bytes, pinned or pageable host memory (from CUPTI's copy names),
-grid, block and ``corr`` = ``args.correlation``. Host work becomes host thread rows (``thread_stream(i)``, one per
-(pid, tid), labelled by ``thread_name`` metadata): ``cuda_runtime`` / ``cuda_driver`` calls as ``api`` spans linked
-to the device spans with the same correlation (whose enqueue time is then the call's start), ``cpu_op`` and
+``load_trace(path)`` turns such a file into a finished ``Trace``, so that every analysis and picture works on it (DESIGN
+§5). Device work (categories ``kernel``, ``gpu_memcpy``, ``gpu_memset``) becomes device spans on (``args.device``,
+``args.stream``) rows, with kind, bytes, pinned or pageable host memory (from CUPTI's copy names), grid, block,
+registers per thread, shared memory and ``corr`` = ``args.correlation``; ``deviceProperties`` give each CUDA device's
+limits (``DeviceLimits``: its kernels' theoretical occupancy). Host work becomes host thread rows (``thread_stream(i)``,
+one per (pid, tid), labelled by ``thread_name`` metadata): ``cuda_runtime`` / ``cuda_driver`` calls as ``api`` spans
+linked to the device spans with the same correlation (whose enqueue time is then the call's start), ``cpu_op`` and
 ``user_annotation`` as ``range`` spans; ``gpu_user_annotation`` becomes a ``range`` on its device stream. A file
 written by ``Trace.to_chrome_trace`` (it has a ``gpuworkbench`` block) is read back exactly as it was exported, its
 memory rows and counter samples included. Counter events (``C``) of other tools become ``counters()`` too, a track
@@ -34,6 +35,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from .columns import DeviceClock
 from .counters import hold_samples
+from .device_limits import DeviceLimits
 from .export import HOST_PID, STREAM_OFFSET
 from .kineto_decode import EventGroups, Group
 from .kineto_events import (
@@ -205,6 +207,8 @@ class _Kineto:
             corr=corr,
             grid=g.arg("grid"),
             block=g.arg("block"),
+            registers=g.arg("registers"),
+            shared_bytes=g.arg("shared"),
         )
 
     def _device_range(self, groups: EventGroups) -> dict[str, np.ndarray]:
@@ -324,9 +328,11 @@ class _Kineto:
         for dev in used:
             p = props.get(dev, {})
             name = p.get("name") or groups.process_names.get(dev) or f"GPU {dev}"
+            limits = DeviceLimits.from_properties(p) if backend == "cuda" else None
             clocks[dev] = DeviceClock(
-                key=f"{backend}:{dev}", name=str(name), source=self.source, note=f"loaded from {self.where}"
-            )
+                key=f"{backend}:{dev}", name=str(name), source=self.source, note=f"loaded from {self.where}",
+                limits=limits,
+            )  # fmt: skip
         return clocks
 
     @staticmethod
@@ -435,6 +441,8 @@ class _OwnExport(_Kineto):
             grid=g.arg("grid"),
             block=g.arg("block"),
             loc=self._loc(g),
+            registers=g.arg("registers"),
+            shared_bytes=g.arg("shared"),
         )
 
     def _range_columns(self, g: Group, groups: EventGroups, start: np.ndarray) -> dict[str, Any]:
@@ -497,6 +505,7 @@ class _OwnExport(_Kineto):
                 source=self.source,
                 error_ns=int_or(p.get("alignment_error_ns"), 0),
                 note=f"loaded from {self.where}" + (f"; timestamps were {recorded}" if recorded else ""),
+                limits=DeviceLimits.from_properties(p),
             )
         for dev in np.unique(table["device"]).tolist():
             clocks.setdefault(int(dev), DeviceClock(key=f"device:{dev}", name=f"device {dev}", source=self.source))

@@ -56,7 +56,7 @@ _CODE = {name: i for i, name in enumerate(GROUPS)}
 _X, _S, _F, _I, _M, _C = 1, 2, 3, 4, 5, 6
 #: The args each group keeps; ``own`` adds those our own exports write.
 _ARGS = {
-    "device": ("device", "stream", "correlation", "bytes", "grid", "block"),
+    "device": ("device", "stream", "correlation", "bytes", "grid", "block", "registers", "shared"),
     "device_range": ("device", "stream"),
     "api": ("correlation",),
     "memory": ("device_type", "device_id", "total_allocated"),
@@ -69,7 +69,7 @@ _OWN_ARGS = {
     "memory": ("held_bytes", "used_bytes"),
 }
 #: Args with few distinct values (hashable: ints, strings, ``grid`` / ``block`` tuples), gathered together.
-_FEW = frozenset(("device", "stream", "grid", "block", "device_type", "device_id"))
+_FEW = frozenset(("device", "stream", "grid", "block", "registers", "shared", "device_type", "device_id"))
 #: The fields every read complete event has that become codes, gathered together (few distinct combinations).
 _HEAD = attrgetter("cat", "name", "pid", "tid")
 #: A counter event as read: (index in traceEvents, name, pid, tid, ts in µs, id, args).

@@ -22,10 +22,10 @@ MISSING = int(np.iinfo(np.int64).min)
 
 class Args(msgspec.Struct, frozen=True, gc=False):
     """The ``args`` keys the readers of our own exports use (the slower path types every event with them): Kineto's
-    device work and memory events, metadata names, and what our own exports add (``op``, ``kind``, ``enqueued
-    (us)``, ``held_bytes``, ``used_bytes``, ``source location``); every other key is skipped.
-    An int may come as a string (roctracer writes a runtime call's stream as a pointer): ``kineto_decode.py`` reads
-    it as the readers always have."""
+    device work (a kernel's launch shape too) and memory events, metadata names, and what our own exports add (``op``,
+    ``kind``, ``enqueued (us)``, ``held_bytes``, ``used_bytes``, ``source location``); every other key is skipped. An
+    int may come as a string (roctracer writes a runtime call's stream as a pointer): ``kineto_decode.py`` reads it as
+    the readers always have."""
 
     device: int | str = MISSING
     stream: int | str = MISSING
@@ -33,6 +33,8 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     bytes: int | str = 0
     grid: tuple[int, int, int] = (0, 0, 0)
     block: tuple[int, int, int] = (0, 0, 0)
+    registers: int | str = msgspec.field(default=-1, name="registers per thread")
+    shared: int | str = msgspec.field(default=-1, name="shared memory")
     pinned: int | bool = -1
     name: Any = None
     op: Any = None
@@ -128,8 +130,9 @@ _ANY = Union[(Complete, FlowStart, FlowEnd, Instant, Metadata, *_OTHER)]  # noqa
 
 
 class DeviceArgs(msgspec.Struct, frozen=True, gc=False):
-    """The ``args`` keys a Kineto complete event is read for (``Args``' first six): a Struct of fewer fields makes
-    the decode of a Kineto trace about a tenth faster than ``Args`` (keys that match none cost a scan of them all)."""
+    """The ``args`` keys a Kineto complete event is read for (``Args``' first eight): a Struct of fewer fields makes
+    the decode of a Kineto trace about a tenth faster than ``Args`` (keys that match none cost a scan of them all).
+    A kernel's "shared memory" is its static and dynamic shared memory per block together."""
 
     device: int | str = MISSING
     stream: int | str = MISSING
@@ -137,6 +140,8 @@ class DeviceArgs(msgspec.Struct, frozen=True, gc=False):
     bytes: int | str = 0
     grid: tuple[int, int, int] = (0, 0, 0)
     block: tuple[int, int, int] = (0, 0, 0)
+    registers: int | str = msgspec.field(default=-1, name="registers per thread")
+    shared: int | str = msgspec.field(default=-1, name="shared memory")
 
 
 class MemoryArgs(msgspec.Struct, frozen=True, gc=False):

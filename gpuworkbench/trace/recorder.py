@@ -233,10 +233,10 @@ class Trace(CuptiTracing, Harvesting, Counting):
         call: Any,
         keep: Any = None,
         many: bool = False,
+        launch: Any = None,
     ) -> Any:
-        """Enqueue one op through ``call(timed)`` and record it: the fast path when one trace records.
-
-        ``many``: the op may show as several CUPTI records (a graph launch); copies are assumed to."""
+        """Enqueue one op through ``call(timed)`` and record it (the fast path when one trace records). ``many``: the
+        op may show as several CUPTI records (a graph launch; copies are assumed to); ``launch``: a kernel's shape."""
         info = self._streams.get(stream)
         if info is None:
             info = self._stream_info(stream)
@@ -267,7 +267,7 @@ class Trace(CuptiTracing, Harvesting, Counting):
         stream.track(completion, keep)
         self._event_ops += 1
         self._pending.append(
-            (op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, loc)
+            (op_id, number, stream.id, KIND_CODE[kind], nbytes, name, pinned, enqueue_ns, completion, loc, launch)
         )
         return completion
 
@@ -288,6 +288,7 @@ class Trace(CuptiTracing, Harvesting, Counting):
         completion: Any,
         many: bool = False,
         window: tuple[int, int] = (0, 0),
+        launch: Any = None,
     ) -> None:
         """Hand over an op enqueued at ``enqueue_ns`` (host clock) by this thread within ``window`` (the window clock,
         ``time.time_ns``); its span is filled in once the completion reports done."""
@@ -300,7 +301,7 @@ class Trace(CuptiTracing, Harvesting, Counting):
             )
         else:
             self._pending.append(
-                (op_id, device_number, stream, kind_code, nbytes, name, pinned, enqueue_ns, completion, loc)
+                (op_id, device_number, stream, kind_code, nbytes, name, pinned, enqueue_ns, completion, loc, launch)
             )
             self._event_ops += 1
 
@@ -355,9 +356,6 @@ class Trace(CuptiTracing, Harvesting, Counting):
                 "bytes": nbytes,
                 "name": name,
                 "pinned": pin,
-                "corr": -1,
-                "grid": 0,
-                "block": 0,
                 "loc": loc,
             }
         )
@@ -444,13 +442,14 @@ class Trace(CuptiTracing, Harvesting, Counting):
         figures are given, or where the provider registered with ``provide_crossovers`` (the package root registers the
         kernel library's reader of the cache ``gw.crossover`` writes) has them for this trace's devices."""
         from .analysis import summarize
+        from .device_limits import limits_of
 
         if crossover is None and CROSSOVERS.provider is not None:
             try:
                 crossover = CROSSOVERS.provider(self)
             except Exception:  # noqa: BLE001 - an unreadable cache never stops a summary
                 crossover = None
-        return summarize(self.table(), window=window, crossover=crossover)
+        return summarize(self.table(), window=window, crossover=crossover, limits=limits_of(self._devices))
 
     def statistics(self):  # noqa: ANN201 - statistics.Statistics
         """Kernels by name, copies by direction and host memory, API calls and launch latency, as ``nsys stats``

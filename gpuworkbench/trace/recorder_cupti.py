@@ -19,6 +19,7 @@ from .cupti.clock import WindowClock
 from .cupti.foreign import ForeignRecords
 from .cupti.ops import CuptiOps
 from .cupti.sites import CallSites
+from .device_limits import DeviceLimits, cuda_limits
 from .spans import parse_peer_copy, thread_stream
 
 #: How long a new trace waits for a stopped one to hand CUPTI over (its harvester releases CUPTI once its last ops
@@ -157,11 +158,15 @@ class CuptiTracing:
                 source.api_name,
                 source.names_of,
             )
+            mismatch = cupti_source.nvtx_mismatch()
+            if mismatch:
+                self.warn_once(mismatch)
         return ""
 
     def _align(self, device: Any) -> DeviceClock:
         caps = device.caps
-        clock = DeviceClock(key=device.spec, name=device.name, source=caps.timestamps)
+        limits = DeviceLimits.from_properties(device.backend_device.occupancy_properties())
+        clock = DeviceClock(key=device.spec, name=device.name, source=caps.timestamps, limits=limits)
         if caps.timestamps == "events" and self.source in ("auto", "cupti") and device.backend_kind.value == "cuda":
             # Measured on an H200: with a persistent kernel looping (persistent/), a CUPTI trace waited for it to end.
             blocked = device.runs_persistent()
@@ -272,6 +277,7 @@ class CuptiTracing:
                             source="cupti",
                             offset_ns=self._cupti_offset,
                             error_ns=self._cupti_error,
+                            limits=cuda_limits(ordinal),
                         )
                         self._cupti_flags.append(True)
                         numbers[ordinal] = number

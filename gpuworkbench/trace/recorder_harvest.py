@@ -10,7 +10,7 @@ import numpy as np
 
 from . import cupti as cupti_source
 from .cupti.ops import ROW
-from .spans import KIND_CODE
+from .spans import KIND_CODE, launch_row
 
 #: Polling period of a stopped trace's harvester while its last ops finish (and of ``wait_pending``).
 DRAIN_S = 0.01
@@ -126,7 +126,7 @@ class Harvesting:
         keep: list[tuple] = []
         blocked: set[tuple[int, int]] = set()  # streams with an unfinished op: later ops there are unfinished too
         for p in waiting:
-            op_id, dev, stream, kind, nbytes, name, pinned, enq, completion, loc = p
+            op_id, dev, stream, kind, nbytes, name, pinned, enq, completion, loc, launch = p
             key = (dev, stream)
             if key in blocked or not completion.done():
                 blocked.add(key)
@@ -138,7 +138,8 @@ class Harvesting:
                 self.warn_once(f"an op finished without timestamps ({name!r}); it is missing")
                 continue
             off = offsets[dev]
-            rows.append((kind, dev, stream, times[0] - off, times[1] - off, enq, nbytes, name, pinned, -1, 0, 0, loc))
+            span = (kind, dev, stream, times[0] - off, times[1] - off, enq, nbytes, name, pinned, -1)
+            rows.append(span + ((0, 0, loc, -1, -1) if launch is None else launch_row(launch, loc)))  # rows alike
         added = len(rows) + (0 if cupti_rows is None else len(cupti_rows["kind"]))
         if added:
             with self._lock:

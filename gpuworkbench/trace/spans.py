@@ -6,6 +6,7 @@ arrays of equal length so that analyses are vectorised functions of plain tables
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,21 @@ def pack_dim3(x: Any, y: Any = 1, z: Any = 1) -> Any:
     return np.asarray(x, np.int64) | (np.asarray(y, np.int64) & 0xFFFF) << 32 | (np.asarray(z, np.int64) & 0xFFFF) << 48
 
 
+@functools.lru_cache(maxsize=4096)
+def pack_dims(dims: tuple[int, ...]) -> int:
+    """``pack_dim3`` of a launch's 1 to 3 sizes (x first) as a Python int, for one row at a time (remembered: a
+    harvest packs every kernel timed by events, and launches repeat their shapes)."""
+    x, y, z = (*dims, 1, 1)[:3]
+    return int(x) | (int(y) & 0xFFFF) << 32 | (int(z) & 0xFFFF) << 48
+
+
+def launch_row(launch: tuple, loc: int) -> tuple[int, int, int, int, int]:
+    """A kernel span row's columns from ``grid`` on (grid, block, loc, registers, shared_bytes), from the launch as
+    the front end reports it: (grid sizes, block sizes, registers per thread, shared bytes per block)."""
+    grid, block, registers, shared = launch
+    return pack_dims(grid), pack_dims(block), loc, registers, shared
+
+
 def unpack_dim3(value: int) -> tuple[int, int, int] | None:
     """``pack_dim3``'s (x, y, z), or None when unknown."""
     value = int(value)
@@ -44,7 +60,8 @@ def unpack_dim3(value: int) -> tuple[int, int, int] | None:
 
 #: Column name -> dtype. ``name`` holds Python strings; ``pinned`` is -1 (unknown / not a copy), 0 or 1; ``corr``
 #: links a host ``api`` span to the device span it enqueued (equal values; -1: none); ``grid``, ``block``: packed;
-#: ``loc``: the source location that issued the op, an index into the trace's ``locations`` (-1: none; ``lines.py``).
+#: ``loc``: the source location that issued the op, an index into the trace's ``locations`` (-1: none; ``lines.py``);
+#: ``registers`` (per thread) and ``shared_bytes`` (static + dynamic shared memory per block): a kernel's, -1 unknown.
 COLUMNS: dict[str, Any] = {
     "kind": np.int8,
     "device": np.int16,
@@ -59,9 +76,11 @@ COLUMNS: dict[str, Any] = {
     "grid": np.int64,
     "block": np.int64,
     "loc": np.int32,
+    "registers": np.int16,
+    "shared_bytes": np.int32,
 }
 #: What a column holds in rows that do not give it (a block made before the column existed, a hand-made table).
-DEFAULTS: dict[str, Any] = {"enqueue_ns": -1, "pinned": -1, "corr": -1, "loc": -1}
+DEFAULTS: dict[str, Any] = {"enqueue_ns": -1, "pinned": -1, "corr": -1, "loc": -1, "registers": -1, "shared_bytes": -1}
 
 
 @dataclass(frozen=True)
@@ -81,6 +100,8 @@ class Span:
     grid: tuple[int, int, int] | None = None
     block: tuple[int, int, int] | None = None
     loc: int = -1
+    registers: int = -1
+    shared_bytes: int = -1
 
     @property
     def duration_ns(self) -> int:
@@ -98,7 +119,7 @@ def empty_table(n: int = 0) -> dict[str, np.ndarray]:
 
 def table_from_records(records: Iterable[Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """Build a table from dicts with ``kind``, ``stream`` (a number), ``start_ns``, ``end_ns`` and optional other
-    columns (``grid`` / ``block`` as (x, y, z) tuples or packed)."""
+    columns (``grid`` / ``block`` as (x, y, z) tuples or packed; ``registers``, ``shared_bytes``)."""
     rows = list(records)
     table = empty_table(len(rows))
     for i, rec in enumerate(rows):
@@ -120,6 +141,8 @@ def table_from_records(records: Iterable[Mapping[str, Any]]) -> dict[str, np.nda
         table["pinned"][i] = -1 if pinned is None else int(bool(pinned))
         table["corr"][i] = int(rec.get("corr", -1))
         table["loc"][i] = int(rec.get("loc", -1))
+        table["registers"][i] = int(rec.get("registers", -1))
+        table["shared_bytes"][i] = int(rec.get("shared_bytes", -1))
         for dim in ("grid", "block"):
             value = rec.get(dim)
             if value is not None:
@@ -145,6 +168,8 @@ def spans_of(table: Mapping[str, np.ndarray]) -> list[Span]:
             grid=unpack_dim3(table["grid"][i]),
             block=unpack_dim3(table["block"][i]),
             loc=int(table["loc"][i]) if "loc" in table else -1,
+            registers=int(table["registers"][i]) if "registers" in table else -1,
+            shared_bytes=int(table["shared_bytes"][i]) if "shared_bytes" in table else -1,
         )
         for i in range(n)
     ]

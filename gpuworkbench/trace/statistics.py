@@ -2,7 +2,8 @@
 
 ``statistics(table)`` (``Trace.statistics()`` on a trace) counts what ran: kernels grouped by name (count, total, mean,
 min, max, and their share of device time), copies grouped by direction and host memory kind plus memsets (count,
-bytes, time, bandwidth), host API calls grouped by name, and launch latency (start − enqueue) of device work. Device
+bytes, time, bandwidth), host API calls grouped by name, launch latency (start − enqueue) of device work, and host
+ranges by name with the device work enqueued inside them (``range_stats.py``). Device
 time is the union of all device work on a device (DESIGN §6: never a sum across streams), so a kernel's share is the
 time at least one instance of it ran over the time the device ran anything, and is at most 100 %. Host kinds
 (alloc, free, marker, api, range) never count as device time. Every grouping is vectorised (a sort and
@@ -26,12 +27,16 @@ from gpuworkbench._format import decimal_bytes, duration_ns, gbps, percent
 from gpuworkbench.errors import InvalidArgument
 
 from .analysis.intervals import total_length, union
+from .device_limits import DeviceLimits, limits_of
+from .kernel_shapes import SHAPE_COLUMNS, shape_columns
 from .line_stats import empty_lines, line_columns
 from .lines import Location, short_file
+from .range_stats import empty_ranges, range_columns
 from .spans import HOST_KINDS, KIND_CODE, KINDS
 
 #: Columns of each table, in order.
-KERNEL_COLUMNS = ("device", "name", "count", "total_ns", "mean_ns", "min_ns", "max_ns", "busy_ns", "device_time_pct")
+KERNEL_COLUMNS = ("device", "name", "count", "total_ns", "mean_ns", "min_ns", "max_ns", "busy_ns", "device_time_pct",
+                  *SHAPE_COLUMNS)  # fmt: skip
 COPY_COLUMNS = ("device", "kind", "memory", "count", "bytes", "total_ns", "mean_ns", "gbps")
 API_COLUMNS = ("name", "count", "total_ns", "mean_ns", "min_ns", "max_ns")
 LAUNCH_COLUMNS = ("device", "kind", "count", "median_ns", "p95_ns", "max_ns")
@@ -156,8 +161,14 @@ def device_time_ns(table: Mapping[str, np.ndarray]) -> dict[int, int]:
 # --- the tables -----------------------------------------------------------------------------------------------------
 
 
-def kernel_columns(table: Mapping[str, np.ndarray], device_ns: Mapping[int, int] | None = None) -> dict[str, Any]:
-    """Kernels grouped by (device, name) as NumPy columns (``KERNEL_COLUMNS``), by device, then total descending."""
+def kernel_columns(
+    table: Mapping[str, np.ndarray],
+    device_ns: Mapping[int, int] | None = None,
+    limits: Mapping[int, DeviceLimits | None] | None = None,
+) -> dict[str, Any]:
+    """Kernels grouped by (device, name) as NumPy columns (``KERNEL_COLUMNS``), by device, then total descending;
+    each with its most common launch shape and the theoretical occupancy it allows on a device of known ``limits``
+    (``kernel_shapes.py``)."""
     kind = np.asarray(table["kind"])
     rows = np.flatnonzero(kind == _KERNEL)
     device = np.asarray(table["device"], np.int64)[rows]
@@ -174,6 +185,7 @@ def kernel_columns(table: Mapping[str, np.ndarray], device_ns: Mapping[int, int]
         device_ns = device_time_ns(table)
     whole = np.array([device_ns.get(int(d), 0) for d in out["device"]], np.float64)
     out["device_time_pct"] = np.divide(100.0 * out["busy_ns"], whole, out=np.full(first.size, np.nan), where=whole > 0)
+    out |= shape_columns(table, rows, group, order, first, out["device"], limits)
     return _sorted(out, out["device"], -out["total_ns"], out["name"])
 
 
@@ -267,8 +279,9 @@ def frame(columns: Mapping[str, Any]) -> Any:
 
 
 class Statistics:
-    """A trace's statistics tables: ``kernels``, ``copies``, ``api``, ``launch_latency`` and ``lines`` (device time
-    per source line, where the trace recorded where ops came from: ``gw.trace(lines=True)``, ``%%gpu``).
+    """A trace's statistics tables: ``kernels``, ``copies``, ``api``, ``launch_latency``, ``lines`` (device time
+    per source line, where the trace recorded where ops came from: ``gw.trace(lines=True)``, ``%%gpu``) and
+    ``ranges`` (host ranges by name, with the device work enqueued inside them: ``range_stats.py``).
 
     Each is a pandas DataFrame (a dict of NumPy columns without pandas); ``device_time_ns`` holds |A| per device,
     the denominator of ``kernels.device_time_pct``. A notebook shows the tables as HTML; ``str()`` as text.
@@ -291,6 +304,8 @@ class Statistics:
         self.launch_latency = frame(self._columns["launch_latency"])
         self._columns.setdefault("lines", empty_lines())
         self.lines = frame(self._columns["lines"])
+        self._columns.setdefault("ranges", empty_ranges())
+        self.ranges = frame(self._columns["ranges"])
 
     @property
     def empty(self) -> bool:
@@ -347,6 +362,17 @@ class Statistics:
         ]
         headers = (["device"] if several else []) + ["kind", "count", "median", "p95", "max"]
         sections.append(Section("launch latency (start − enqueue)", headers, rows, "no enqueue times recorded"))
+        ranges = self._columns["ranges"]
+        if len(ranges["name"]):
+            rows = [
+                [str(ranges["name"][i]), str(ranges["count"][i])]
+                + [duration_ns(ranges[c][i]) for c in ("host_total_ns", "host_median_ns", "device_ns")]
+                + [str(ranges[c][i]) for c in ("ops", "kernels", "copies")]
+                for i in range(min(len(ranges["name"]), SHOWN_ROWS))
+            ]
+            headers = ["name", "count", "host total", "host median", "device time", "ops", "kernels", "copies"]
+            title = "host ranges (device time: the work enqueued inside them)"
+            sections.append(Section(title, headers, rows, "", len(ranges["name"]) - len(rows)))
         lines = self._columns["lines"]
         if len(lines["line"]):
             rows = [
@@ -379,27 +405,34 @@ def statistics(
     table: Mapping[str, np.ndarray],
     device_names: Mapping[int, str] | None = None,
     locations: Sequence[Location] | None = None,
+    processes: Mapping[int, int] | None = None,
+    limits: Mapping[int, DeviceLimits | None] | None = None,
 ) -> Statistics:
     """The statistics tables of a span table (``trace/spans.py`` columns); ``device_names`` label the devices;
-    ``locations`` (the trace's, which the ``loc`` column points into): the lines table too."""
+    ``locations`` (the trace's, which the ``loc`` column points into): the lines table too; ``processes``: device ->
+    the process driving it, where several did (the ranges table places ops of unknown thread by it); ``limits``:
+    device -> its ``DeviceLimits``, for the kernels' theoretical occupancy."""
     missing = [col for col in _REQUIRED if col not in table]
     if missing:
         raise InvalidArgument(f"span table lacks column(s) {', '.join(missing)}; build it with trace.spans.empty_table")
     device_ns = device_time_ns(table)
     columns = {
-        "kernels": kernel_columns(table, device_ns),
+        "kernels": kernel_columns(table, device_ns, limits),
         "copies": copy_columns(table),
         "api": api_columns(table),
         "launch_latency": launch_columns(table),
         "lines": empty_lines() if locations is None else line_columns(table, locations),
+        "ranges": range_columns(table, processes),
     }
     return Statistics(columns, device_ns, len(table["kind"]), device_names)
 
 
-def trace_statistics(trace: Any) -> Statistics:
-    """``Trace.statistics``: the tables of a whole trace (waits for pending spans once it stopped)."""
+def trace_statistics(trace: Any, processes: Mapping[int, int] | None = None) -> Statistics:
+    """``Trace.statistics``: the tables of a whole trace (waits for pending spans once it stopped); ``processes``:
+    device -> process, for a trace merged from several (``statistics``)."""
     names = {n: (c.name if c.source == "records" else c.key) for n, c in trace.devices.items()}
-    return statistics(trace.table(), names, None if trace.lines is None else trace.locations)
+    locations = None if trace.lines is None else trace.locations
+    return statistics(trace.table(), names, locations, processes, limits_of(trace.devices))
 
 
 # --- rendering (shared with trace/compare.py) ------------------------------------------------------------------------

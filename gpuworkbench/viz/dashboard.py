@@ -21,9 +21,11 @@ import numpy as np
 from jupyter_bokeh import BokehModel
 
 from gpuworkbench.trace.analysis import summarize
+from gpuworkbench.trace.device_limits import limits_of
 from gpuworkbench.trace.spans import COLUMNS, empty_table
 
-from .._format import decimal_bytes, percent
+from .._format import counter_value, decimal_bytes, percent
+from ..errors import InvalidArgument
 from .inline import inline_setup
 from .timeline import build_timeline, device_names
 from .timeline_data import RowLayout, span_columns
@@ -225,6 +227,7 @@ class Live(widgets.VBox):
             self._t0_ns = int(self.trace.started_ns) or int(new["start_ns"].min())
         self._rows.device_names = device_names(self.trace)
         self._rows.stream_labels = self.trace.stream_labels
+        self._rows.limits = limits_of(self.trace.devices)
         if self._rows.add_table(new):
             self._figure.y_range.factors = self._rows.factors
             self._figure.height = self._rows.height(26)
@@ -254,7 +257,7 @@ class Live(widgets.VBox):
         if self.trace.stats.dropped:
             head += f" · {self.trace.stats.dropped:,} dropped by the trace's ring"
         if shown == 0:
-            return f"<div class='gpuworkbench-live'>{head}</div>"
+            return f"<div class='gpuworkbench-live'>{head}{self._counters_html()}</div>"
         summary = summarize(self._retained)
         names = device_names(self.trace)
         rows = []
@@ -268,7 +271,25 @@ class Live(widgets.VBox):
                 f"<td>overlap {percent(ds.overlap_pct)}</td><td>idle {percent(ds.idle_pct)}</td>"
                 f"<td>pipeline efficiency {efficiency}</td><td>{html.escape(states)}</td></tr>"
             )
-        return f"<div class='gpuworkbench-live'>{head}<table>{''.join(rows)}</table></div>"
+        return f"<div class='gpuworkbench-live'>{head}<table>{''.join(rows)}</table>{self._counters_html()}</div>"
+
+    def _counters_html(self) -> str:
+        """The newest sample of each counter, per device ("" for a trace without counters)."""
+        if not getattr(self.trace, "counting", False):
+            return ""
+        table = self.trace.counters()
+        if not table["time_ns"].size:
+            return "<div><i>counters: no sample yet</i></div>"
+        names = device_names(self.trace)
+        newest: dict[int, dict[str, str]] = {}
+        for device, name, unit, value in zip(*(table[c].tolist() for c in ("device", "name", "unit", "value"))):
+            newest.setdefault(device, {})[name] = counter_value(value, unit)  # rows are in time order: the last wins
+        rows = [
+            f"<tr><th style='text-align:left'>{html.escape('host' if device < 0 else names.get(device, str(device)))}"
+            f"</th><td>{html.escape(' · '.join(f'{n} {v}' for n, v in values.items()))}</td></tr>"
+            for device, values in sorted(newest.items())
+        ]
+        return f"<table class='gpuworkbench-live-counters'>{''.join(rows)}</table>"
 
     def _refresh_gauge(self) -> bool:
         held, total, used = self._memory()
@@ -303,17 +324,26 @@ class Live(widgets.VBox):
         return held, 0, used
 
 
-def live(trace: Any = None, device: Any = None, **options: Any) -> Live:
-    """A live dashboard of ``trace``, or of a new trace it starts (and stops on ``stop()``) when none is given.
+def live(trace: Any = None, device: Any = None, counters: bool = False, **options: Any) -> Live:
+    """A live dashboard of ``trace``, or of a new trace it starts (and stops on ``stop()``) when none is given;
+    ``counters``: that trace samples counters, whose newest values the dashboard shows (as it does for a given trace
+    recorded with ``counters=True``).
 
     Starting a dashboard with its own trace stops earlier such dashboards, so re-running a cell leaves one recording.
     """
     owns = trace is None
+    if not isinstance(counters, bool):
+        raise InvalidArgument(f"counters is True or False, not {counters!r}")
+    if counters and not owns and not getattr(trace, "counting", False):
+        raise InvalidArgument(
+            "counters=True starts a trace that samples counters; the trace given was recorded "
+            "without them: pass gw.trace(counters=True) instead"
+        )
     if owns:
         from gpuworkbench.trace.recorder import Trace
 
         for old in list(_RUNNING):
             if old.owns_trace:
                 old.stop()
-        trace = Trace(capacity=options.pop("capacity", 250_000)).start()
+        trace = Trace(capacity=options.pop("capacity", 250_000), counters=counters).start()
     return Live(trace, device, owns_trace=owns, **options)

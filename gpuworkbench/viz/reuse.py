@@ -18,6 +18,8 @@ from bokeh.core.properties import value
 from bokeh.core.property.validation import validate
 from bokeh.model import Model
 
+from gpuworkbench.trace.device_limits import limits_of
+
 from .memory import memory_series, trace_memory_t0
 from .notebook_doc import publish
 from .source_view import BORDER_PX, MAX_VISIBLE, ROW_PX, TITLE_PX, source_values
@@ -79,7 +81,7 @@ def _layout(trace: Any, window: tuple[int, int] | None, summary: Any, build: Any
     t0_ns = trace_start_ns(trace, table)
     locations = getattr(trace, "locations", None)
     names = device_names(trace)
-    rows = RowLayout(names, trace.stream_labels, states=True)
+    rows = RowLayout(names, trace.stream_labels, states=True, limits=limits_of(trace.devices))
     tv = timeline_values(table, rows, t0_ns, compact=True, locations=locations)
     series = memory_series(trace.memory_table(), names, trace_memory_t0(trace))
     if summary is None:

@@ -42,6 +42,7 @@ from bokeh.plotting import figure
 from bokeh.transform import factor_cmap
 
 from gpuworkbench.trace.analysis import STATES
+from gpuworkbench.trace.device_limits import DeviceLimits, limits_of
 from gpuworkbench.trace.lines import Location
 from gpuworkbench.trace.spans import KIND_CODE
 
@@ -190,6 +191,8 @@ def build_timeline(
     if x_range is None:
         x_range = DataRange1d(range_padding=0.02)
     tooltips = span_tooltips()
+    if not large:  # a large timeline's spans are filled in the browser, without their launch
+        tooltips.insert(2, ("launch", "@launch{custom}"))
     if v.line_tip:
         tooltips.insert(1, ("line", "@line"))
     hover = HoverTool(tooltips=tooltips, formatters=span_formatters(), name="span hover")
@@ -381,23 +384,25 @@ def timeline_figure(
     t0_ns: int | None = None,
     states: bool = True,
     overview: bool = False,
+    limits: Mapping[int, DeviceLimits | None] | None = None,
     **options: Any,
 ) -> Any:
     """A Bokeh figure of the spans: a row per (device, stream) and host thread, a colour per kind, launch links, the
     8 states under each device, on a fixed x range (the spans' extent, padded).
 
     ``t0_ns`` is time zero of the ms axis (default: the first span's start); ``overview`` puts the overview strip
-    under it (``timeline_view``). ``options`` are ``build_timeline``'s: ``title``, ``width`` (px), ``row_px``,
-    ``webgl`` (default: above ``webgl_threshold`` spans), ``detail_limit`` (above it the browser draws what is in
-    view: module docstring) and ``locations`` (the tooltip's source line). Builds from arrays: 10^5 spans take a
-    fraction of a second, 10^6 a few seconds.
+    under it (``timeline_view``); ``limits`` (each device's ``DeviceLimits``) give kernels' occupancy in the tooltip.
+    ``options`` are ``build_timeline``'s: ``title``, ``width`` (px), ``row_px``, ``webgl`` (default: above
+    ``webgl_threshold`` spans), ``detail_limit`` (above it the browser draws what is in view: module docstring) and
+    ``locations`` (the tooltip's source line). Builds from arrays: 10^5 spans take a fraction of a second, 10^6 a few
+    seconds.
     """
     if t0_ns is None:
         t0_ns = int(np.min(table["start_ns"])) if len(table["start_ns"]) else 0
     lo, hi = time_extent(table, t0_ns)
     pad = 0.02 * (hi - lo)
     x_range = Range1d(start=lo - pad, end=hi + pad, bounds=(lo - pad, hi + pad), name="timeline x range")
-    rows = RowLayout(device_names, stream_labels, states=states)
+    rows = RowLayout(device_names, stream_labels, states=states, limits=limits)
     fig, _, _, columns = build_timeline(table, rows, t0_ns, x_range=x_range, compact=overview, **options)
     if not overview or columns is None:
         return fig
@@ -484,6 +489,7 @@ def trace_timeline(trace: Any, **kw: Any) -> Any:
     kw.setdefault("t0_ns", trace_start_ns(trace, table))
     kw.setdefault("locations", getattr(trace, "locations", None))
     kw.setdefault("title", timeline_title(trace))
+    kw.setdefault("limits", limits_of(trace.devices))
     return timeline_view(table, device_names(trace), trace.stream_labels, **kw)
 
 

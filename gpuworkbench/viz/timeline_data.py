@@ -10,10 +10,12 @@ from typing import Any
 import numpy as np
 
 from gpuworkbench.trace.analysis import STATES, state_segments
+from gpuworkbench.trace.device_limits import DeviceLimits
 from gpuworkbench.trace.lines import Location, short_file
 from gpuworkbench.trace.spans import HOST_KINDS, HOST_STREAM, KIND_CODE, KINDS
 
 from .palette import HOST_WAIT, STATE_COLORS, STYLE_COLORS, STYLES
+from .timeline_launch import launch_text
 
 #: Above this many spans the figure draws with WebGL (canvas becomes slow to pan around 10^4 bars).
 WEBGL_THRESHOLD = 5_000
@@ -56,6 +58,7 @@ SPAN_COLUMNS = (
     "depth",
     "line",
     "loc",
+    "launch",
 )
 STATE_COLUMNS = ("left", "right", "row", "state", "duration_us")
 CELL_COLUMNS = ("left", "right", "row", "style", "count", "busy", "alpha")
@@ -108,10 +111,12 @@ class RowLayout:
         device_names: Mapping[int, str] | None = None,
         stream_labels: Mapping[tuple[int, int], str] | None = None,
         states: bool = True,
+        limits: Mapping[int, DeviceLimits | None] | None = None,
     ) -> None:
         self.device_names = dict(device_names or {})
         self.stream_labels = dict(stream_labels or {})
         self.states = states
+        self.limits = dict(limits or {})  # each device's limits: the kernels' occupancy in the tooltip
         self._label_of: dict[int, str] = {}  # row key -> label
         self._state_label_of: dict[int, str] = {}  # device -> label of its state strip
         self._used: set[str] = set()
@@ -324,7 +329,8 @@ def span_columns(
     Times are ms from ``t0_ns``; ``gbps`` (bytes per ns) is NaN for spans that are not copies or last 0 ns. A device
     span's launch: ``call`` (the API call's name, or ``ENQUEUE``), ``call_left`` / ``call_row`` (where the arrow
     starts), ``launch_us`` and ``queue_us``; NaN and "" where it has none. ``loc`` and ``line``: the source line that
-    issued the span (an index into ``locations`` and its ``line_label``; -1 and "" where none).
+    issued the span (an index into ``locations`` and its ``line_label``; -1 and "" where none). ``launch``: a
+    kernel's grid, block, registers, shared memory and occupancy on a device of ``rows.limits`` ("" where none).
     """
     kind = np.asarray(table["kind"], dtype=np.intp)
     start = np.asarray(table["start_ns"], dtype=np.int64)
@@ -368,6 +374,7 @@ def span_columns(
         "depth": depth,
         "line": line,
         "loc": loc,
+        "launch": launch_text(table, rows.limits),
     }
 
 

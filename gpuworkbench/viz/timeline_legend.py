@@ -21,7 +21,8 @@ def wait_hatch() -> Any:
 
 
 def span_tooltips() -> list[tuple[str, str]]:
-    """The hover tooltip of a span: name, kind, row, times, bytes and bandwidth, and what launched it when."""
+    """The hover tooltip of a span: name, kind, row, times, bytes and bandwidth, and what launched it when (a small
+    timeline adds the line that issued it and a kernel's launch shape: ``build_timeline``)."""
     return [
         ("name", "@name"),
         ("kind", "@kind"),
@@ -49,12 +50,13 @@ def _number_or_dash(decimals: int, unit: str = "") -> Any:
 
 
 def span_formatters() -> dict[str, Any]:
-    """The tooltip's formatters: a dash where a span has no such number."""
+    """The tooltip's formatters: a dash where a span has no such number (or no launch shape: not a kernel)."""
     return {
         "@bytes": _number_or_dash(0),
         "@gbps": _number_or_dash(2),
         "@launch_us": _number_or_dash(1, " µs"),
         "@queue_us": _number_or_dash(1, " µs"),
+        "@launch": CustomJSHover(code='return value ? value : "—"'),
     }
 
 

@@ -126,7 +126,7 @@ def _spans(t, kind):
     return [s for s in t.spans if s.kind == kind]
 
 
-@pytest.mark.parametrize("source", ["cupti", "events"])
+@pytest.mark.parametrize("source", [pytest.param("cupti", marks=pytest.mark.cupti), "events"])
 def test_spans_against_ground_truth(dev, source, record_property):
     """Spin kernels of known length; copies of known size; overlap where the hardware overlaps, not elsewhere."""
     spin = dev.compile(SPIN, "spin")
@@ -220,6 +220,7 @@ def _check_ground_truth(dev, source, record_property, spin, hosts, bufs, expecte
         assert max(copy_err) < 0.05, f"copy durations must match bytes / bandwidth within 5 %: {copy_err}"
 
 
+@pytest.mark.cupti
 def test_a_staged_pageable_copy_is_one_whole_span_under_cupti(dev):
     """A pageable copy runs as many chunk copies: the span must cover all of them, not the first few."""
     nbytes = 256 << 20
@@ -239,6 +240,7 @@ def test_a_staged_pageable_copy_is_one_whole_span_under_cupti(dev):
     assert t.stats.lost == 0 and t.stats.pending == 0
 
 
+@pytest.mark.cupti
 def test_a_trace_right_after_another_gets_cupti_too(dev):
     """CUPTI serves one trace at a time; a stopped trace hands it over instead of the next falling back to events."""
     spin = dev.compile(SPIN, "spin")
@@ -298,6 +300,7 @@ def test_a_trace_freed_by_the_cyclic_collector_leaves_launches_working(dev):
     s.close()
 
 
+@pytest.mark.cupti
 def test_a_cupti_trace_does_not_hold_kernels_events(dev):
     """Kernels' completions go back to the event pool as untraced: a trace that held them until their records came
     made the pool overflow and create a CUDA event per launch (microseconds each)."""
@@ -321,6 +324,7 @@ def test_a_cupti_trace_does_not_hold_kernels_events(dev):
     s.close()
 
 
+@pytest.mark.cupti
 def test_cupti_spans_go_to_the_ops_whose_calls_they_are_among_other_launches_and_threads(dev):
     """A CUPTI trace ties records to ops by the thread and time window of each enqueue (no id pushed per op): raw CuPy
     launches made between our ops on the same thread must not be taken for ours, nor ops of another thread."""
@@ -364,6 +368,7 @@ def test_cupti_spans_go_to_the_ops_whose_calls_they_are_among_other_launches_and
     s2.close()
 
 
+@pytest.mark.cupti
 def test_an_unread_cupti_trace_defers_decoding_and_a_live_reader_gets_spans_while_it_records(dev):
     """While nobody reads a recording CUPTI trace, its harvester leaves CUPTI's records alone; a read flushes and
     decodes them then and there, and a live view polling ``version`` gets spans at every harvest."""

@@ -8,7 +8,8 @@ sum back and sleeps ``GUARD_S`` again; how many kernels (and copies) one such ca
 worker by a local ``gw.trace(others=True)``. The merged trace must then hold, per worker, exactly tasks × that count
 of kernels on that worker's own GPU, each inside one of that worker's Dask task spans (within the GPU clock's
 recorded uncertainty plus ``SLACK_NS``), after the task's first guard sleep and before its last, with its launch call
-on the task's own host row.
+on the task's own host row. ``statistics().ranges`` must put each task's kernels under that task's row alone, and a
+second trace with ``counters=True`` must hold each worker's GPU samples (NVML) under that worker's GPU device.
 
 Needs dask_cuda, CuPy and two CUDA devices; skipped otherwise (``GPUWB_REQUIRE_DASK_CUDA=1`` turns the skips into
 failures, for a run on a GPU machine that must not pass by skipping). ``GPUWB_TEST_OUT=DIR`` also writes the report
@@ -407,3 +408,36 @@ def test_launch_calls_sit_on_the_task_rows(run):
             assert table["stream"][call] == p["tasks"]["stream"][task]
             assert table["enqueue_ns"][kernel] == table["start_ns"][call]
             assert p["tasks"]["start_ns"][task] - SLACK_NS <= table["start_ns"][call] <= p["tasks"]["end_ns"][task]
+
+
+def test_each_task_range_holds_its_own_kernels(run):
+    """``statistics().ranges``: each task's row is a range holding exactly one task's kernels, each placed by its
+    launch call's thread (``corr``, matched within its own worker: two workers' CUPTI correlation ids overlap)."""
+    t = run.t
+    ranges = {r["name"]: r for r in t.statistics().ranges.to_dict("records")}
+    for address in run.addresses:
+        for key in run.keys[address]:
+            assert ranges[key]["kernels"] == run.per_task[address]["kernel"], (key, ranges[key], run.report)
+            assert ranges[key]["device_ns"] > 0
+
+
+def test_counters_of_each_workers_gpu_and_host(client):
+    """``counters=True``: each worker samples its GPU (NVML) and its host; the merged trace holds the GPU's samples
+    under that worker's GPU device and the host's under its host device, inside the trace's window."""
+    addresses = sorted(client.scheduler_info()["workers"])
+    pinned = {"allow_other_workers": False, "pure": False}
+    with gw.dask.trace(client, others=True, counters=True) as t:
+        futures = [client.submit(cupy_task, i, workers=[a], **pinned) for i, a in enumerate(addresses) for _ in "ab"]
+        client.gather(futures)
+        time.sleep(0.5)  # a few samples at NVML's rate
+    table = t.counters()
+    sources = t.counter_sources
+    print(f"\ncounter sources: {sources}")
+    slack = max(w["error_ns"] for w in t.workers)
+    assert table["time_ns"].min() >= t.started_ns - slack and table["time_ns"].max() <= t.stopped_ns + slack
+    for address in addresses:
+        gpu, host = _gpu_device(t, address), _worker(t, address)["host_device"]
+        assert "GPU busy" in set(table["name"][table["device"] == gpu]), (address, sources, t.stats.warnings)
+        assert "host CPU" in set(table["name"][table["device"] == host])
+        assert f"{address} cuda:0" in sources and f"{address} host" in sources
+    assert set(table["device"].tolist()) <= {d for w in t.workers for d in [w["host_device"], *w["devices"]]}

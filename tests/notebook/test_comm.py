@@ -209,6 +209,7 @@ def test_trace_entry_is_plain_json_without_nan(record: history.TraceRecord) -> N
     assert entry["id"] == record.trace.id and entry["cell"] == 7 and entry["name"] == "upload"
     assert entry["overlap_pct"] == 42.0 and entry["efficiency"] is None and entry["idle_pct"] is None
     assert entry["wall_s"] == pytest.approx(0.0125) and entry["spans"] >= 1 and entry["error"] is None
+    assert entry["counters"] == []  # recorded without counters
     json.dumps(entry, allow_nan=False)
 
 
@@ -292,6 +293,30 @@ def test_state_is_pushed_after_a_cell_that_captured_a_trace(server: comm.PanelSe
     assert pushed["type"] == "state" and [t["id"] for t in pushed["traces"]] == [trace.id]
     server.after_cell()
     assert panel.sent[-1] is pushed  # the same state is not pushed twice
+
+
+def test_a_counters_cell_pushes_its_counter_summary(server: comm.PanelServer, panel: FakeComm, shell) -> None:
+    """A ``%%gpu --counters`` cell on the CPU backend: the state pushed after it carries, per device, each counter's
+    mean and peak and what sampled it; the summary is made once per trace, not at every push."""
+    cell = "b = gw.Device('cpu').alloc(1 << 16)\nb.copy_from_host(np.ones(1 << 16, np.float32))\ntime.sleep(0.3)\n"
+    shell.run_cell("import time\nimport numpy as np\nimport gpuworkbench as gw")
+    shell.run_cell_magic("gpu", "--no-show --counters -o counted", cell)
+    server.after_cell()
+    (entry,) = panel.sent[-1]["traces"]
+    trace = shell.user_ns["counted"]
+    assert panel.sent[-1]["type"] == "state" and entry["id"] == trace.id
+    host, cpu = entry["counters"]
+    assert host["device"] == "host" and host["sampler"] == "psutil, 10 Hz"
+    names = [c["name"] for c in host["counters"]]
+    assert names == ["host CPU", "process CPU", "host memory used", "process RSS"]
+    cpu_share = host["counters"][0]
+    assert cpu_share["unit"] == "% of all cores" and 0 <= cpu_share["mean"] <= cpu_share["peak"] <= 100
+    assert cpu_share["text"].startswith("host CPU ") and "% of all cores (peak " in cpu_share["text"]
+    assert host["counters"][3]["unit"] in ("MiB", "GiB") and host["counters"][3]["samples"] >= 2
+    assert cpu["device"] == "cpu:0" and cpu["counters"] == []  # the CPU backend's counters are the host's
+    assert cpu["source"] == trace.counter_sources["cpu:0"] and cpu["sampler"] == "the host's counters"
+    assert comm.trace_entry(history.history[-1])["counters"] is entry["counters"]  # kept, not made again
+    shell.run_cell("b.free()")
 
 
 def test_live_dashboard_state_is_pushed() -> None:

@@ -2,9 +2,9 @@
 
 Starts ``jupyter-lab`` on a free port with a token and a temporary notebook folder, with the freshly built extension
 (``extension/labextension``) first on its labextensions path; opens a notebook, loads gpuworkbench in the kernel, runs
-a ``%%gpu`` cell on the CPU backend, then checks the panel's device (with memory pushed while a cell runs) and trace
-and that clicking the trace opens the timeline tab. Skips, saying why, without Chromium, Playwright, jupyter-lab or a
-built extension.
+``%%gpu`` cells on the CPU backend (the second with ``--counters``), then checks the panel's device (with memory
+pushed while a cell runs), its traces (the second with its counters' summary) and that clicking a trace opens the
+timeline tab. Skips, saying why, without Chromium, Playwright, jupyter-lab or a built extension.
 """
 
 from __future__ import annotations
@@ -33,11 +33,14 @@ x, y = dev.alloc(1 << 16), dev.alloc(1 << 16)
 x.copy_from_host(host)
 scale_add(x, y).wait()
 out = y.copy_to_host()"""
-#: A second traced cell: the panel then offers to compare it with the first.
+#: A second traced cell, with counters (sampled at 10 Hz over its 0.3 s): the panel then offers to compare it with the
+#: first, and shows its counters' summary under its figures.
 SECOND_CELL = """\
-%%gpu
+%%gpu --counters
+import time
 x.copy_from_host(host)
-out = x.copy_to_host()"""
+out = x.copy_to_host()
+time.sleep(0.3)"""
 #: Holds 48 MiB for 3 s, then frees it: the panel can only show that figure while the cell is still running.
 BUSY_CELL = """\
 import time
@@ -106,6 +109,15 @@ def test_panel_shows_device_and_trace_and_opens_timeline(
     expect(traces).to_have_count(2, timeout=TIMEOUT_MS)
     # The cell's execution count, as %%gpu recorded it.
     expect(traces.first.locator(".jp-gpuwb-trace-cell")).to_have_text(re.compile(r"^\[\d+\]$"))
+    # The newest trace recorded counters: per device their means and peaks, and what sampled them; the first none.
+    host = traces.first.locator('.jp-gpuwb-trace-counter[data-device="host"]')
+    expect(host).to_have_text(re.compile(r"^host \(psutil, 10 Hz\): host CPU [\d.]+ % of all cores \(peak [\d.]+ %\)"))
+    expect(host).to_contain_text(re.compile(r"process RSS [\d.]+ [MG]iB \(peak [\d.]+ [MG]iB\)"))
+    assert "psutil, 10 Hz" in host.get_attribute("title")
+    cpu = traces.first.locator('.jp-gpuwb-trace-counter[data-device="cpu:0"]')
+    expect(cpu).to_have_text("cpu:0: the host's counters")  # why, on hover
+    assert "the CPU backend runs on the host's cores" in cpu.get_attribute("title")
+    expect(traces.last.locator(".jp-gpuwb-trace-counters")).to_have_count(0)
 
     traces.first.locator(".jp-gpuwb-trace-cell").click()  # the row, not one of its buttons
     tab = page.locator(".jp-gpuwb-TimelineTab")

@@ -1,11 +1,12 @@
 """Counter tracks (``gw.trace(counters=True)``): the host's CPU and memory sampled beside the spans on the CPU backend,
-what OpenCL (PoCL) and devices without a source say, a failing source, the sampler's thread, Chrome "C" events and
-``%%gpu --counters``."""
+what OpenCL (PoCL), a CUDA device without nvidia-ml-py or NVML and devices without a source say, a failing source,
+the sampler's thread, Chrome "C" events and ``%%gpu --counters``. CUDA's own counters: test_cuda_counters.py."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 import time
 
@@ -15,8 +16,9 @@ import pytest
 
 import gpuworkbench as gw
 from gpuworkbench.trace import counter_sources
-from gpuworkbench.trace.counter_sources import CPU_UNIT, HOST, HOST_RATE_HZ, Counter, offer
-from gpuworkbench.trace.counters import COLUMNS
+from gpuworkbench.trace.counter_offer import offer
+from gpuworkbench.trace.counter_sources import CPU_UNIT, HOST, HOST_RATE_HZ, Counter
+from gpuworkbench.trace.counters import COLUMNS, Sampler
 from gpuworkbench.trace.export import HOST_PID
 
 HOST_COUNTERS = {c.name: c.unit for c in counter_sources.HostSource.counters}
@@ -201,9 +203,9 @@ def test_pocl_says_it_offers_none_and_the_host_is_sampled():
 
 def test_what_other_devices_offer():
     host = "psutil, 10 Hz"
-    cuda = offer(0, "cuda:0", "NVIDIA H100", host)
-    assert cuda.source is None
-    assert cuda.note == "counters: no source for cuda:0 in this build; the host's CPU and memory are sampled instead"
+    rocm = offer(0, "rocm:0", "AMD Instinct MI300X", host)
+    assert rocm.source is None and rocm.says == "none: no source for this device in this build"
+    assert rocm.note == "counters: no source for rocm:0 in this build; the host's CPU and memory are sampled instead"
     gpu = offer(1, "webgpu:0", "AMD Radeon Pro W7900", host)
     assert gpu.note == (
         "counters: webgpu:0 (AMD Radeon Pro W7900) offers none; the host's CPU and memory are sampled instead"
@@ -213,6 +215,42 @@ def test_what_other_devices_offer():
     assert lavapipe.note.endswith("(this device runs on them)")
     cpu = offer(2, "cpu:0", "Intel Xeon", host)
     assert cpu.note == "" and host in cpu.says
+
+
+def test_a_cuda_device_without_nvidia_ml_py_says_so_and_the_host_is_still_sampled(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # as where nvidia-ml-py is not installed
+    cuda = offer(0, "cuda:0", "NVIDIA H100 80GB HBM3", "psutil, 10 Hz")
+    assert cuda.source is None
+    assert cuda.says == "none: nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+    assert cuda.note == (
+        "counters: cuda:0 (NVIDIA H100 80GB HBM3) has none: nvidia-ml-py is not installed (pip install nvidia-ml-py);"
+        " the host's CPU and memory are sampled instead"
+    )
+    warnings: list[str] = []
+    sampler = Sampler("gpuworkbench-counters-test", lambda: [(0, "cuda:0", "NVIDIA H100 80GB HBM3")], warnings.append)
+    sampler.start()
+    time.sleep(0.25)
+    sampler.stop(time.perf_counter_ns())
+    sampler.join()
+    c = sampler.table()
+    assert warnings == [cuda.note]
+    assert sampler.sources == {"host": f"psutil, {HOST_RATE_HZ:g} Hz", "cuda:0": cuda.says}
+    assert set(c["device"].tolist()) == {HOST} and set(c["name"].tolist()) == set(HOST_COUNTERS)
+    assert (c["name"] == "host memory used").sum() >= 3
+
+
+def test_a_cuda_device_where_nvml_does_not_start_says_why():
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        why = str(exc)
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML starts here (a GPU machine): tests/trace/test_cuda_counters.py reads it")
+    cuda = offer(3, "cuda:1", "NVIDIA H200", "psutil, 10 Hz")
+    assert cuda.source is None and cuda.says == f"none: NVML did not start ({why})"
+    assert cuda.note.startswith(f"counters: cuda:1 (NVIDIA H200) has none: NVML did not start ({why});")
 
 
 def test_export_writes_counter_events(sampled, tmp_path):

@@ -23,7 +23,7 @@ from gpuworkbench.trace import cupti as cupti_source
 from gpuworkbench.trace.cupti.foreign import FOREIGN_STREAM_BASE
 from gpuworkbench.trace.spans import KIND_CODE, unpack_dim3
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.cupti]
 
 
 @pytest.fixture(scope="module")

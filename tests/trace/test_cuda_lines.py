@@ -18,7 +18,7 @@ import textwrap
 import pytest
 from support import cupy_with_cupti
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.cupti]
 
 PRELUDE = """
 import json, linecache, threading

@@ -205,6 +205,11 @@ def test_launch_latency_from_enqueue_times(stats: Statistics):
 # --- results and rendering --------------------------------------------------------------------------------------------
 
 
+def _nan_free(table: object) -> list[dict]:
+    """The table's rows with NaN as a word (NaN != NaN)."""
+    return [{k: "NaN" if v != v else v for k, v in row.items()} for row in rows(table)]
+
+
 def test_without_pandas_every_table_is_a_dict_of_numpy_columns(monkeypatch: pytest.MonkeyPatch):
     with_pandas = Trace.from_records(RECORDS).statistics()
     monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now raises ImportError
@@ -218,7 +223,7 @@ def test_without_pandas_every_table_is_a_dict_of_numpy_columns(monkeypatch: pyte
         table = getattr(stats, name)
         assert isinstance(table, dict) and tuple(table) == columns
         assert all(isinstance(v, np.ndarray) for v in table.values())
-        assert rows(table) == rows(getattr(with_pandas, name))
+        assert _nan_free(table) == _nan_free(getattr(with_pandas, name))
     assert str(stats) == str(with_pandas)
     assert stats._repr_html_() == with_pandas._repr_html_()
 

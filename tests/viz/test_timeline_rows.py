@@ -149,10 +149,12 @@ def test_the_arrow_is_drawn_from_the_links_of_hovered_or_selected_spans():
     assert len(arrow.source.data["x0"]) == 0  # nothing until the browser hovers (test below)
     tips = dict(hover.tooltips)
     assert "@launch_us" in tips["launch latency"] and "@queue_us" in tips["queued behind stream"]
-    # Spans without bytes or a launching call hold NaN there: the hover prints "—", not Bokeh's "NaN".
-    assert set(hover.formatters) == {"@bytes", "@gbps", "@launch_us", "@queue_us"}
-    assert all("{custom}" in tips[f] for f in ("bytes", "GB/s", "launch latency", "queued behind stream"))
-    assert all("isNaN" in f.code and "—" in f.code for f in hover.formatters.values())
+    # Spans without bytes or a launching call hold NaN there: the hover prints "—", not Bokeh's "NaN"; so for the
+    # launch shape of a span that is no kernel ("").
+    assert set(hover.formatters) == {"@bytes", "@gbps", "@launch_us", "@queue_us", "@launch"}
+    assert all("{custom}" in tips[f] for f in ("bytes", "GB/s", "launch latency", "queued behind stream", "launch"))
+    numbers = [f for key, f in hover.formatters.items() if key != "@launch"]
+    assert all("isNaN" in f.code and "—" in f.code for f in numbers) and "—" in hover.formatters["@launch"].code
 
 
 def test_blocking_calls_are_host_waits_in_a_style_of_their_own():

@@ -352,6 +352,28 @@ def test_gw_live_owns_its_trace_and_stop_ends_both():
     assert second.spans_streamed == len(second.trace) > 0
 
 
+def test_live_shows_the_newest_counters_of_its_own_trace():
+    live = gw.live(device="cpu", counters=True, summary_hz=10)
+    try:
+        assert live.trace.counting
+        run_ops(0.6)
+        time.sleep(0.3)  # a few host samples (10 Hz) and a refresh of the numbers (10 Hz)
+        text = live._numbers.value
+        assert "gpuworkbench-live-counters" in text and "host CPU" in text and "process RSS" in text
+        assert " MiB" in text or " GiB" in text  # memory in its unit
+    finally:
+        live.stop()
+    assert not live.trace.recording and live.errors == []
+
+
+def test_live_refuses_counters_for_a_trace_recorded_without_them():
+    with gw.trace() as t:
+        with pytest.raises(gw.InvalidArgument, match="recorded without them"):
+            gw.live(t, counters=True)
+        with pytest.raises(gw.InvalidArgument, match="True or False"):
+            gw.live(counters="yes")
+
+
 def test_live_applies_front_end_changes_under_its_lock():
     with gw.trace() as t:
         live = Live(t)

@@ -59,6 +59,13 @@ _H2D, _D2H, _D2D = 1, 2, 3  # cudaMemcpyKind
 _STAGE_MIN = 1 << 20  # pageable copies smaller than this go straight to the driver
 _ATTR_MEMORY_POOLS = 115  # cudaDevAttrMemoryPoolsSupported: cudaMallocAsync works
 _HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped (hipHostMallocMapped): the device reads and writes it directly
+_FUNC_SHARED_SIZE_BYTES, _FUNC_NUM_REGS = 1, 4  # CUfunction_attribute: static shared bytes, registers per thread
+#: The ``cudaDeviceProp`` fields theoretical occupancy is computed from (``occupancy_properties``).
+_OCCUPANCY_PROPERTIES = frozenset(
+    "major minor multiProcessorCount warpSize maxThreadsPerBlock maxThreadsPerMultiProcessor regsPerMultiprocessor "
+    "maxBlocksPerMultiProcessor regsPerBlock sharedMemPerMultiprocessor sharedMemPerBlockOptin sharedMemPerBlock "
+    "reservedSharedMemPerBlock".split()
+)
 IN_GRAPH = DoneCompletion()  # what an op enqueued during stream capture returns: it runs only when the graph does
 
 
@@ -94,6 +101,7 @@ class CudaDevice(BackendDevice):
         self._arena: Arena | None = None  # allocated before a persistent kernel's launch, suballocated while one runs
         self._side_stream: Any = None
         self._limits: KernelLimits | None = None
+        self._occupancy: dict[str, int] | None = None  # occupancy_properties, read once
         self._peer_routes: dict[int, PeerRoute] = {}  # source device ordinal -> how copies from it travel
         self._marks: dict[int, StreamMarks] = {}  # stream pointer -> its untimed ops' on-demand completions
         #: (CuPy function, grid, block, argument types) -> slots its launches are packed into (None: CuPy launches it)
@@ -433,6 +441,22 @@ class CudaDevice(BackendDevice):
             threads = int(props.get("maxThreadsPerBlock", portable.threads))
             self._limits = KernelLimits(threads, (x, y, z), int(props.get("sharedMemPerBlock", portable.shared_bytes)))
         return self._limits
+
+    def occupancy_properties(self) -> dict[str, int]:
+        if self._occupancy is None:  # read once: each trace asks at its first op on the device
+            props = {} if self._rt.is_hip else self._rt.getDeviceProperties(self._id)  # ROCm: not CUDA's model
+            self._occupancy = {k: int(v) for k, v in props.items() if k in _OCCUPANCY_PROPERTIES and isinstance(v, int)}
+        return self._occupancy
+
+    def kernel_resources(self, kernel: Any) -> tuple[int, int]:
+        driver = load_cupy().cuda.driver
+        self._use()
+        try:  # cuFuncGetAttribute: what the compiler gave the function (registers per thread: CUDA's only)
+            shared = int(driver.funcGetAttribute(_FUNC_SHARED_SIZE_BYTES, kernel.ptr))
+            registers = -1 if self._rt.is_hip else int(driver.funcGetAttribute(_FUNC_NUM_REGS, kernel.ptr))
+        except Exception:  # noqa: BLE001 - a function CuPy made otherwise: its resources are then unknown
+            return -1, -1
+        return registers, shared
 
     def launch(
         self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], args: Sequence[Any], stream: Any, timed: bool

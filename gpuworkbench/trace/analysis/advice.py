@@ -1,8 +1,8 @@
 """The advice of one device: each code decided by one rule over the device's spans and figures.
 
-Codes: ``pageable-memory``, ``one-stream``, ``host-wait``, ``launch-bound``, ``same-direction-copies`` and, given the
-crossovers ``gw.crossover`` measured, ``too-small-for-gpu``. The figures across devices have their own advice
-(``cross.py``).
+Codes: ``pageable-memory``, ``one-stream``, ``host-wait``, ``launch-bound``, ``same-direction-copies``, given the
+crossovers ``gw.crossover`` measured ``too-small-for-gpu``, and given the device's limits ``low-occupancy``. The
+figures across devices have their own advice (``cross.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpuworkbench._format import count, decimal_bytes, duration_ns, op_size
+from gpuworkbench._format import binary_bytes, count, decimal_bytes, duration_ns, op_size
+from gpuworkbench.trace.device_limits import DeviceLimits
+from gpuworkbench.trace.occupancy import BLOCKS, REGISTERS, SHARED, block_threads, occupancy
 
 from .columns import D2H, H2D, IS_K, IS_WORK, KERNEL, DeviceSpans
 from .intervals import difference, intersection, share_pct, total_length, union, union_of
@@ -31,6 +33,8 @@ _SERIAL_UNION_SHARE = 0.9  # |union of one direction| / sum of its durations
 _SERIAL_BLOCKED_SHARE = 0.1  # time a ready copy waited on another stream's copy / |union of that direction|
 _SERIAL_MAX_HIDDEN_SHARE = 0.5  # |that direction ∩ (K ∪ other direction)| / |that direction|
 _SMALL_SHARE = 0.5  # kernels of a library op below its crossover / all its kernels of known size (more than this)
+_LOW_OCCUPANCY_PCT = 25.0  # theoretical occupancy below this ...
+_LOW_OCCUPANCY_SHARE = 0.1  # ... of a kernel whose spans cover more than this share of |A|
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class Advice:
     """One finding about a trace, named by a stable ``code``, with a message in the user's words.
 
     Codes: ``pageable-memory``, ``one-stream``, ``host-wait``, ``launch-bound``, ``same-direction-copies``,
-    ``too-small-for-gpu``.
+    ``too-small-for-gpu``, ``low-occupancy``.
     """
 
     code: str
@@ -199,6 +203,75 @@ def too_small(
             )
         )
     return found
+
+
+def low_occupancy(
+    spans: DeviceSpans, table: Mapping[str, np.ndarray], limits: DeviceLimits, active_ns: int
+) -> list[Advice]:
+    """``low-occupancy``, once per kernel name: its launches whose theoretical occupancy (``trace/occupancy.py``) is
+    below 25 % cover more than 10 % of the device's active time |A| (``active_ns``); the message says which limit
+    binds (registers, shared memory or block size) and what the launch holds. Silent where the kernels' registers
+    or shared memory are not known (OpenCL, WebGPU, the CPU, a profile without them)."""
+    if active_ns <= 0 or not all(c in table for c in ("name", "block", "registers", "shared_bytes")):
+        return []
+    kernel = np.flatnonzero(spans.kind == KERNEL)
+    rows = spans.index[kernel]
+    block = np.asarray(table["block"], np.int64)[rows]
+    registers = np.asarray(table["registers"], np.int64)[rows]
+    shared = np.asarray(table["shared_bytes"], np.int64)[rows]
+    occ = occupancy(block_threads(block), registers, shared, limits)
+    low = np.flatnonzero(occ.pct < _LOW_OCCUPANCY_PCT)  # NaN (not known) is never low
+    if not low.size:
+        return []
+    names = np.asarray(table["name"], dtype=object)[rows[low]]
+    found = []
+    for name in sorted(set(names.tolist())):
+        mine = low[names == name]
+        busy = total_length(union(spans.start[kernel[mine]], spans.end[kernel[mine]]))
+        if busy > _LOW_OCCUPANCY_SHARE * active_ns:
+            i = int(mine[0])
+            shape = (int(block_threads(block[i])), int(registers[i]), int(shared[i]))
+            found.append((busy, name, shape, float(occ.pct[i]), int(occ.blocks[i]), int(occ.limiter[i])))
+    found.sort(key=lambda f: -f[0])
+    return [
+        Advice(
+            "low-occupancy",
+            _occupancy_message(name, share_pct(busy, active_ns), shape, pct, blocks, limiter, limits),
+            device=spans.device,
+        )
+        for busy, name, shape, pct, blocks, limiter in found
+    ]
+
+
+def _occupancy_message(
+    name: str, share: float, shape: tuple[int, int, int], pct: float, blocks: int, limiter: int, limits: DeviceLimits
+) -> str:
+    """What ``low-occupancy`` says of one kernel: how little of an SM it fills, why, and what to change."""
+    threads, registers, shared = shape
+    fits = f"{count(blocks, 'block', 'blocks')} of {threads} threads fit{'s' if blocks == 1 else ''} on an SM"
+    head = (
+        f"{name} ({share:.0f} % of device time) fills at most {pct:.1f} % of an SM's warp slots (its theoretical "
+        f"occupancy): "
+    )
+    if limiter == REGISTERS:
+        why = (
+            f"at {registers} registers per thread {fits}, so registers bind. Cap them (__launch_bounds__, "
+            "-maxrregcount; watch for spills) or keep less live state per thread."
+        )
+    elif limiter == SHARED:
+        why = (
+            f"with {binary_bytes(shared)} of shared memory per block (and the driver's "
+            f"{binary_bytes(limits.reserved_shared)} reserve) {fits}, so shared memory binds. Use smaller tiles or "
+            "fewer stages per block."
+        )
+    elif limiter == BLOCKS:
+        why = (
+            f"an SM holds at most {limits.blocks_per_sm} blocks, and blocks of {threads} threads are too small to "
+            f"fill its {limits.warps_per_sm} warps, so block size binds. Launch larger blocks."
+        )
+    else:  # WARPS: the blocks' warps, rounded up, leave the SM's threads unused
+        why = f"{fits} of its {limits.threads_per_sm} threads, so block size binds. Try another block size."
+    return head + why
 
 
 def _serialised_copies(spans: DeviceSpans, code: int, label: str) -> str | None:

@@ -13,9 +13,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from gpuworkbench.trace.device_limits import DeviceLimits
 from gpuworkbench.trace.spans import KINDS
 
-from .advice import Advice, Crossovers, advise, too_small
+from .advice import Advice, Crossovers, advise, low_occupancy, too_small
 from .columns import D2H, H2D, IS_K, IS_WORK, KERNEL, DeviceSpans, check_table, check_window, device_spans
 from .cross import cross_device
 from .intervals import merge_sorted, share_pct, sweep, total_length, union
@@ -125,7 +126,12 @@ def _bandwidth(spans: DeviceSpans, code: int) -> float | None:
     return None if busy == 0 else float(spans.bytes[sel].sum()) / busy
 
 
-def _summarize_device(spans: DeviceSpans, theta_ns: int, small: list[Advice] | None = None) -> DeviceSummary:
+def _summarize_device(
+    spans: DeviceSpans,
+    theta_ns: int,
+    small: list[Advice] | None = None,
+    occupancy: tuple[Mapping[str, np.ndarray], DeviceLimits] | None = None,
+) -> DeviceSummary:
     window_ns = spans.w1 - spans.w0
     states = _states(spans)
     h, d, k, c = covered(states, "H"), covered(states, "D"), covered(states, "K"), covered(states, "H", "D")
@@ -172,8 +178,10 @@ def _summarize_device(spans: DeviceSpans, theta_ns: int, small: list[Advice] | N
         advice=[],
     )
     kernel_leads = gaps["lead"][spans.kind[work][gaps["order"]] == KERNEL]
-    advice = advise(spans, summary_without_advice, kernel_leads[kernel_leads >= 0])
-    return replace(summary_without_advice, advice=advice + (small or []))
+    advice = advise(spans, summary_without_advice, kernel_leads[kernel_leads >= 0]) + (small or [])
+    if occupancy is not None:  # (the table, the device's limits)
+        advice += low_occupancy(spans, *occupancy, summary_without_advice.active_ns)
+    return replace(summary_without_advice, advice=advice)
 
 
 def summarize(
@@ -181,13 +189,15 @@ def summarize(
     window: tuple[int, int] | None = None,
     theta_ns: int = DEFAULT_THETA_NS,
     crossover: Crossovers | None = None,
+    limits: Mapping[int, DeviceLimits | None] | None = None,
 ) -> Summary:
     """The DESIGN §6 figures of every device in ``table``: overlap, idle, 8 states, efficiency, bandwidth, advice.
 
     ``window`` = (start_ns, end_ns), e.g. a cell's wall time, replaces W = [first op start, last op end]; spans are
     clipped to it. ``crossover``: per device number, the measured crossover of each library kernel (by span name;
-    ``gw.crossover`` makes them), for the advice ``too-small-for-gpu``. Vectorised, so that a 10^6-span table
-    summarises in well under a second.
+    ``gw.crossover`` makes them), for the advice ``too-small-for-gpu``; ``limits``: per device number, its
+    ``DeviceLimits`` (a trace's devices have them on CUDA), for the advice ``low-occupancy``. Vectorised, so that a
+    10^6-span table summarises in well under a second.
     """
     check_table(table)
     window = check_window(window)
@@ -197,7 +207,8 @@ def summarize(
         spans = device_spans(table, d, window)
         points = crossover.get(d) if crossover else None
         small = too_small(spans, table, points) if points else None
-        found[d] = _summarize_device(spans, theta_ns, small)
+        device_limits = (limits or {}).get(d)
+        found[d] = _summarize_device(spans, theta_ns, small, None if device_limits is None else (table, device_limits))
     return Summary(found, cross_device(table, window))
 
 

@@ -8,6 +8,7 @@ One concept per module:
 - ``clock``: CUPTI's timestamps in ns (ticks after torch.profiler) and on the ops' window clock;
 - ``source``: ``CuptiSource``, what one trace reads of CUPTI; ``join``: records to our op ids; ``ops``: ops waiting
   for their records; ``foreign``: other libraries' records as spans;
+- ``nvtx``: NVTX pointed at the libcupti that cupti-python loads, so that every library's ranges reach a trace;
 - ``lifecycle``: CUPTI's lifetime in the process as one object (``LIFECYCLE``), its ``phase`` (``phase``) and
   ``tunables``; ``detach``: ``cuptiFinalize`` at a CUDA call's exit and the deadline threads; ``prime``: priming
   CUPTI as a source parks.
@@ -26,6 +27,7 @@ from typing import Any
 from ...listeners import BLOCKERS
 from .binding import CuptiUnavailable, other_client
 from .lifecycle import LIFECYCLE, Lifecycle
+from .nvtx import mismatch, point_nvtx_at_cupti
 from .phase import Phase
 from .source import CuptiSource
 
@@ -44,7 +46,9 @@ __all__ = [
     "let_go",
     "lingering",
     "new_source",
+    "nvtx_mismatch",
     "other_client",
+    "point_nvtx_at_cupti",
     "prepare",
     "prime_here",
     "quiet_taken_over",
@@ -107,3 +111,9 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+
+
+def nvtx_mismatch() -> str:
+    """A warning where NVTX_INJECTION64_PATH names another libcupti than the one CUPTI runs from, else ""."""
+    raw = LIFECYCLE.raw
+    return mismatch(raw.path) if raw is not None else ""

@@ -34,8 +34,12 @@ SPAN_FIELDS: tuple[str, ...] = (
     "correlation_id",
     "grid",
     "block",
+    "registers",
+    "shared_bytes",
 )
-TIME_FIELDS: tuple[str, ...] = ("start", "end", "correlation_id")
+#: A kernel's launch shape: every flush reads it (the harvester too, for our own kernels); 0 / -1 for other records.
+LAUNCH_FIELDS: tuple[str, ...] = ("grid", "block", "registers", "shared_bytes")
+TIME_FIELDS: tuple[str, ...] = ("start", "end", "correlation_id", *LAUNCH_FIELDS)
 _DIM_FIELDS = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
 NONE = np.empty(0, np.int64)
 
@@ -48,6 +52,20 @@ def kernel_name(pointer: int) -> str:
     if not 4096 <= pointer < 1 << 56:
         return ""
     return read_c_string(pointer)
+
+
+def launch_shape(rows: np.ndarray, column: Callable[[np.ndarray, str, str], np.ndarray]) -> dict[str, np.ndarray]:
+    """Grid and block (packed), registers per thread and shared bytes per block (static + dynamic) of the kernel
+    records at ``rows`` (``column(rows, struct, field)`` reads a field)."""
+    dims = {f: column(rows, "kernel", f).astype(np.int64) for f in _DIM_FIELDS}
+    shared = column(rows, "kernel", "static_shared_memory").astype(np.int64)
+    shared += column(rows, "kernel", "dynamic_shared_memory").astype(np.int64)
+    return {
+        "grid": pack_dim3(dims["grid_x"], dims["grid_y"], dims["grid_z"]),
+        "block": pack_dim3(dims["block_x"], dims["block_y"], dims["block_z"]),
+        "registers": column(rows, "kernel", "registers_per_thread").astype(np.int64),
+        "shared_bytes": shared,
+    }
 
 
 def span_dicts(cols: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -194,7 +212,7 @@ class RecordDecoder:
                 self._extras["marker"].append(marks)
 
         # Per struct: row, the wanted fields, runtime_correlation_id. ``full=False`` (the trace's harvester) reads
-        # only times and ids: the op already knows its kind, name, bytes and stream.
+        # only times, ids and kernels' launch shapes: the op already knows its kind, name, bytes and stream.
         wanted = ("kind", *SPAN_FIELDS) if full else TIME_FIELDS
         groups: list[tuple[np.ndarray, ...]] = []
 
@@ -203,9 +221,13 @@ class RecordDecoder:
             groups.append((rows, *cols, np.zeros(rows.size, np.int64) if runtime is None else runtime))
 
         def blank(n: int, kind: str) -> dict[str, np.ndarray]:
-            kind_col = np.full(n, kind, dtype=object)
-            zero = np.zeros(n, np.int64)
-            return {"kind": kind_col, "name": zero, "pinned": np.full(n, -1), "grid": zero, "block": zero}
+            zero, unknown = np.zeros(n, np.int64), np.full(n, -1, np.int64)
+            launch = {"grid": zero, "block": zero, "registers": unknown, "shared_bytes": unknown}
+            return (
+                launch
+                if not full
+                else launch | {"kind": np.full(n, kind, dtype=object), "name": zero, "pinned": unknown}
+            )
 
         is_kernel = kinds == t.k_kernels[0]
         for code in t.k_kernels[1:]:
@@ -213,30 +235,29 @@ class RecordDecoder:
         kernel_rows = at[is_kernel]
         if kernel_rows.size:
             n = kernel_rows.size
-            given = {}
+            given = launch_shape(kernel_rows, column)
             if full:
-                dims = {f: column(kernel_rows, "kernel", f).astype(np.int64) for f in _DIM_FIELDS}
-                given = blank(n, "kernel") | {
+                given |= {
+                    "kind": np.full(n, "kernel", dtype=object),
+                    "pinned": np.full(n, -1, np.int64),
                     "bytes": np.zeros(n, np.int64),
                     "name": self._name_pointers(raw, kernel_rows, column),
-                    "grid": pack_dim3(dims["grid_x"], dims["grid_y"], dims["grid_z"]),
-                    "block": pack_dim3(dims["block_x"], dims["block_y"], dims["block_z"]),
                 }
             add_group(kernel_rows, "kernel", **given)
         memcpy_rows = at[kinds == t.k_memcpy]
         if memcpy_rows.size:
             runtime = column(memcpy_rows, "memcpy", "runtime_correlation_id").astype(np.int64)
-            given = {}
+            given = blank(memcpy_rows.size, "")
             if full:
                 copy_kind = column(memcpy_rows, "memcpy", "copy_kind").astype(np.int64) & 255
-                given = blank(memcpy_rows.size, "") | {
+                given |= {
                     "kind": t.copy_names[copy_kind],
                     "pinned": self._pinned_column(memcpy_rows, copy_kind, column),
                 }
             add_group(memcpy_rows, "memcpy", runtime, **given)
         memset_rows = at[kinds == t.k_memset]
         if memset_rows.size:
-            add_group(memset_rows, "memset", **(blank(memset_rows.size, "memset") if full else {}))
+            add_group(memset_rows, "memset", **blank(memset_rows.size, "memset"))
         if not groups:
             return None, ext, api
         names = ("row", *wanted, "runtime_correlation_id")

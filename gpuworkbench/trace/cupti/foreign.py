@@ -3,10 +3,11 @@
 CUPTI sees every kernel, copy and memset of the process, whichever library enqueued it (CuPy, PyTorch, Numba,
 cuda.core, ctypes). A record our own ops did not claim becomes a span of its own: device and stream from the record
 (a stream row per CUDA stream, named after the library whose kernels it runs where the names tell), the kernel's
-demangled name, grid and block, bytes, direction and pinned or pageable host memory. The runtime or driver call that
-enqueued it (same correlation id) becomes an ``api`` span on its host thread's row, linked by ``corr``, and gives the
-device span its enqueue time, so launch latency is measured. Device allocations and frees (CUPTI's memory records)
-and NVTX ranges become host rows too. Everything is columns: no Python object per record.
+demangled name, grid, block, registers per thread and shared memory per block, bytes, direction and pinned or
+pageable host memory. The runtime or driver call that enqueued it (same correlation id) becomes an ``api`` span on
+its host thread's row, linked by ``corr``, and gives the device span its enqueue time, so launch latency is
+measured. Device allocations and frees (CUPTI's memory records) and NVTX ranges become host rows too. Everything is
+columns: no Python object per record.
 """
 
 from __future__ import annotations
@@ -182,6 +183,8 @@ class ForeignRecords:
                 "grid": rec["grid"].astype(np.int64),
                 "block": rec["block"].astype(np.int64),
                 "loc": loc,
+                "registers": rec["registers"].astype(np.int64),
+                "shared_bytes": rec["shared_bytes"].astype(np.int64),
             },
         )
         return blocks

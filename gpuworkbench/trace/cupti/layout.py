@@ -41,6 +41,9 @@ BUILTIN_FIELDS: dict[str, dict[str, tuple[int, int]]] = {
         "block_x": (64, 4),
         "block_y": (68, 4),
         "block_z": (72, 4),
+        "registers_per_thread": (6, 2),
+        "static_shared_memory": (76, 4),
+        "dynamic_shared_memory": (80, 4),
     },
     "memcpy": {
         "copy_kind": (4, 1),

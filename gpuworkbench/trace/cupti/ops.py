@@ -36,6 +36,9 @@ QUERY_AFTER = 3
 LOST_AFTER = 50
 #: Cycles a record is kept without a waiting op to claim it (its op not handed over yet, or a late record).
 ORPHAN_AFTER = 100
+#: A kernel record's launch shape (``decode.LAUNCH_FIELDS``), kept with the record for its op's span, and what a
+#: record without it gives (the span table's defaults).
+LAUNCH: dict[str, int] = {"grid": 0, "block": 0, "registers": -1, "shared_bytes": -1}
 #: Distinct op names given codes; further new names are kept per op (``spilled``) so the table stays bounded.
 NAMES_MAX = 1 << 16
 
@@ -59,7 +62,7 @@ class CuptiOps:
         self._marks: dict[int, dict[tuple[int, int], Any]] = {}  # cycle -> the markers as that cycle cut its ops
         self._name_table = np.empty(0, object)
         self._ops = np.empty((len(OP_FIELDS) + 2, 0), np.int64)  # one row per field: each column's values contiguous
-        self._rec = {name: np.empty(0, np.int64) for name in ("op", "start", "end", "born")}
+        self._rec = {name: np.empty(0, np.int64) for name in ("op", "start", "end", "born", *LAUNCH)}
         self._code_lock = threading.Lock()
         self.lost = 0
         self._cut = 0  # rows cut so far
@@ -122,12 +125,15 @@ class CuptiOps:
         mine = cols["external_id"] > 0
         if not mine.any():
             return
+        m = int(mine.sum())
         fresh = {
             "op": cols["external_id"][mine],
             "start": cols["start"][mine],
             "end": cols["end"][mine],
-            "born": np.full(int(mine.sum()), cycle, np.int64),
+            "born": np.full(m, cycle, np.int64),
         }
+        for name, default in LAUNCH.items():
+            fresh[name] = cols[name][mine] if name in cols else np.full(m, default, np.int64)
         self._rec = {k: np.concatenate([self._rec[k], fresh[k].astype(np.int64)]) for k in self._rec}
 
     def resolve(self, thread: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -158,9 +164,10 @@ class CuptiOps:
     def harvest(
         self, cycle: int, offsets: np.ndarray, window_offsets: np.ndarray | None = None
     ) -> dict[str, np.ndarray] | None:
-        """Span columns (kind, device, stream, start_ns, end_ns, enqueue_ns, bytes, name, pinned) of the ops whose
-        records are all in; ``offsets[device]`` maps the CUPTI clock onto the trace's (host = cupti - offset) and
-        ``window_offsets[device]`` the window clock (none given: it is the trace's)."""
+        """Span columns (kind, device, stream, start_ns, end_ns, enqueue_ns, bytes, name, pinned, and a kernel's launch
+        shape from its record) of the ops whose records are all in; ``offsets[device]`` maps the CUPTI clock onto the
+        trace's (host = cupti - offset) and ``window_offsets[device]`` the window clock (none given: it is the
+        trace's)."""
         self.take_rows(cycle)
         ops, rec = self._ops, self._rec
         n = ops.shape[1]
@@ -180,6 +187,8 @@ class CuptiOps:
         rec_start, rec_end = (rec["start"], rec["end"]) if by_op is None else (rec["start"][by_op], rec["end"][by_op])
         starts = np.minimum.reduceat(rec_start, first) if first.size else first
         ends = np.maximum.reduceat(rec_end, first) if first.size else first
+        # an op's launch shape: its first record's (a graph launch's several kernels have none of their own here)
+        firsts = first if by_op is None else by_op[first]
         if uniq.size:
             at = np.minimum(np.searchsorted(uniq, op_ids), uniq.size - 1)
             has = uniq[at] == op_ids
@@ -218,10 +227,11 @@ class CuptiOps:
                 "name": self._names(done),
                 "pinned": done[_C["pinned"]],
                 "corr": np.full(dev.size, -1, np.int64),
-                "grid": np.zeros(dev.size, np.int64),
-                "block": np.zeros(dev.size, np.int64),
                 "loc": done[_C["loc"]],
             }
+            single = ~many if every else ~many[ready]
+            for name, default in LAUNCH.items():
+                rows[name] = np.where(single, rec[name][firsts[where]], default)
             # The records of the ops made spans go (all of them, when every op waiting had its records): mark their
             # runs of the op-sorted records, then put the marks back in the records' order.
             if every:

@@ -66,6 +66,8 @@ def records(**columns) -> dict[str, np.ndarray]:
         "runtime_correlation_id": np.zeros(n, np.int64),
         "grid": np.zeros(n, np.int64),
         "block": np.zeros(n, np.int64),
+        "registers": np.full(n, -1, np.int64),
+        "shared_bytes": np.full(n, -1, np.int64),
         "external_id": np.full(n, -1, np.int64),
     }
     base.update({k: np.asarray(v) for k, v in columns.items()})
@@ -96,6 +98,8 @@ def test_other_librarys_kernels_become_spans_linked_to_the_calls_that_launched_t
         correlation_id=[100, 101],
         grid=pack_dim3([4, 8], [1, 2], [1, 1]),
         block=pack_dim3([128, 256]),
+        registers=[40, 202],
+        shared_bytes=[0, 49_152],
     )
     blocks = fr.spans(recs, {"api": calls([100, 101], [4_000, 4_500])}, OFFSET)
     device, api = blocks
@@ -108,6 +112,7 @@ def test_other_librarys_kernels_become_spans_linked_to_the_calls_that_launched_t
     assert device["corr"].tolist() == [100, 101]
     assert [unpack_dim3(g) for g in device["grid"]] == [(4, 1, 1), (8, 2, 1)]
     assert unpack_dim3(device["block"][1]) == (256, 1, 1)
+    assert device["registers"].tolist() == [40, 202] and device["shared_bytes"].tolist() == [0, 49_152]
     assert api["kind"].tolist() == [KIND_CODE["api"]] * 2 and api["corr"].tolist() == [100, 101]
     assert api["name"].tolist() == ["cudaLaunchKernel"] * 2 and api["stream"].tolist() == [-2, -2]
     assert api["start_ns"].tolist() == [3_000, 3_500] and api["end_ns"].tolist() == [3_300, 3_800]
