@@ -53,6 +53,7 @@ def test_the_devices_limits_are_its_cuda_attributes(cp):
     with gw.trace(others=True) as t:
         (cp.arange(16) + 1).sum()
         cp.cuda.Device().synchronize()
+    t.table()  # the records are decoded (and their devices met) once read
     (limits,) = [c.limits for c in t.devices.values() if c.key.startswith("cuda")]
     a = cp.cuda.Device(0).attributes
     assert limits == DeviceLimits.from_properties(cp.cuda.runtime.getDeviceProperties(0))
@@ -90,14 +91,15 @@ def test_a_cupy_raw_kernels_registers_shared_memory_and_occupancy_are_cudas(cp):
     for (block, dynamic), i in zip(LAUNCHES, rows.tolist()):
         assert (unpack_dim3(table["grid"][i]), unpack_dim3(table["block"][i])) == ((N // block, 1, 1), (block, 1, 1))
         registers, shared = int(table["registers"][i]), int(table["shared_bytes"][i])
-        assert registers == attributes["num_regs"]
+        # CUPTI gives the registers the launch was given: on an H200 16 where the compiler's count is 11
+        assert registers >= attributes["num_regs"]
         assert shared == attributes["shared_size_bytes"] + dynamic == 2064 + dynamic
         ours = occupancy(np.array([block]), np.array([registers]), np.array([shared]), limits)
         cudas = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, dynamic)
         assert int(ours.blocks[0]) == cudas, (block, dynamic)
         assert ours.pct[0] == pytest.approx(100 * cudas * -(-block // 32) / limits.warps_per_sm)
     (row,) = [r for r in t.statistics().kernels.to_dict("records") if "staged" in r["name"]]
-    first = occupancy(np.array([64]), np.array([attributes["num_regs"]]), np.array([2064]), limits).pct[0]
+    first = occupancy(np.array([64]), np.array([int(table["registers"][rows[0]])]), np.array([2064]), limits).pct[0]
     assert (row["block"], row["occupancy_pct"]) == ("64,1,1", pytest.approx(first))  # ties: the first shape seen
 
 
@@ -116,7 +118,9 @@ def test_our_kernels_registers_and_shared_memory_agree_from_cupti_and_from_the_d
         found[t.devices[0].source] = (int(table["registers"][i]), int(table["shared_bytes"][i]))
         assert t.devices[0].limits == DeviceLimits.from_properties(cp.cuda.runtime.getDeviceProperties(0))
         assert unpack_dim3(table["block"][i]) == (256, 1, 1) and unpack_dim3(table["grid"][i]) == (N // 256, 1, 1)
-    assert found == {"cupti": (driver["num_regs"], 2064), "events": (driver["num_regs"], 2064)}
+    # without CUPTI the column holds the compiler's count (cuFuncGetAttribute); CUPTI's is what the launch was given
+    assert found["events"] == (driver["num_regs"], 2064)
+    assert found["cupti"][1] == 2064 and found["cupti"][0] >= driver["num_regs"]
     assert k.resources() == (driver["num_regs"], 2064)
 
 
