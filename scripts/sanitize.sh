@@ -2,7 +2,8 @@
 # Run every test file that has CUDA tests (those marked gpu) under NVIDIA's compute-sanitizer: memcheck, racecheck and
 # synccheck, one process per tool and file, JOBS at a time (default 6; the tools slow kernels 10-100x, so they share
 # the GPU well). Then tests/kernels/test_sanitizer.py (a racy kernel caught, the persistent kernel clean).
-# Left out, and counted: tests marked cupti (CUPTI cannot attach beside the sanitizer, a CUPTI client itself).
+# Left out, and counted: tests marked cupti (CUPTI cannot attach beside the sanitizer, a CUPTI client itself) and
+# concurrent (two kernels that must run at once, as two persistent kernels: the tools run kernels one at a time).
 # Not counted as errors: CUDA API calls that return an error (the out-of-memory tests provoke them on purpose);
 # every memory access error, race hazard and barrier error is.
 # Usage (GPU machine): scripts/sanitize.sh [OUTDIR] [FILE ...]  — one report per tool and file in OUTDIR (default
@@ -17,18 +18,19 @@ cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2
 if [ $# -gt 0 ]; then
   files=("$@")
 else  # every file with a test marked gpu, but the sanitizer's own (it starts the tool itself)
-  mapfile -t files < <(python3 -m pytest -q -p no:cacheprovider --collect-only -m "gpu and not cupti" tests 2>/dev/null |
+  mapfile -t files < <(python3 -m pytest -q -p no:cacheprovider --collect-only -m "gpu and not cupti and not concurrent" tests 2>/dev/null |
     grep -Eo '^tests/[^:]+\.py' | sort -u | grep -v 'tests/kernels/test_sanitizer.py')
 fi
 echo "${#files[@]} files: ${files[*]}"
-echo "left out (marked cupti): $(python3 -m pytest -q -p no:cacheprovider --collect-only -m "gpu and cupti" tests \
+echo "left out (marked cupti or concurrent): $(python3 -m pytest -q -p no:cacheprovider --collect-only \
+  -m "gpu and (cupti or concurrent)" tests \
   2>/dev/null | grep -c '::') tests"
 
 one() {  # tool, test file: one line "tool file: exit, summary, counts"
   local log="$out/$1-$(echo "$2" | tr '/' '_' | sed 's/\.py$//').txt"
   local began=$SECONDS
   "$cs" --tool "$1" --error-exitcode 9 --print-limit 20 --target-processes all --report-api-errors no \
-    python3 -m pytest -q -p no:cacheprovider "$2" -m "gpu and not cupti" >"$log" 2>&1
+    python3 -m pytest -q -p no:cacheprovider "$2" -m "gpu and not cupti and not concurrent" >"$log" 2>&1
   local rc=$?
   local summary
   summary=$(grep -Eo '(ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+ errors?)' \

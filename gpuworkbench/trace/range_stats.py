@@ -9,10 +9,11 @@ of its api call; an op with neither is under no range. Nested ranges each count 
 it once. ``processes`` maps device numbers to the process that drives them (a Dask trace's workers); without it every
 device belongs to one process.
 
-Per range name: ``count`` (instances), host time (``host_total_ns``, ``host_median_ns``: the ranges' own durations),
-and the device work under them: ``ops``, ``kernels``, ``copies`` (h2d, d2h, d2d) and ``device_ns``, the union of
-their device intervals on each device (as the kernel table's busy time: never a sum across streams), added over the
-devices.
+Per range name (without the ", seq = N, op_id = M" that PyTorch's ``emit_nvtx`` appends to each instance, so that a
+name's instances are one row): ``count`` (instances), host time (``host_total_ns``, ``host_median_ns``: the ranges'
+own durations), and the device work under them: ``ops``, ``kernels``, ``copies`` (h2d, d2h, d2d) and ``device_ns``,
+the union of their device intervals on each device (as the kernel table's busy time: never a sum across streams),
+added over the devices.
 
 Vectorised: each range joins a group of its thread and one of its process (only groups that some op looks in); the
 boundaries of a group's ranges cut its time into segments, each range lists the segments it covers, and each op finds
@@ -21,6 +22,7 @@ its segment with one ``searchsorted``. The cost is a few sorts of the spans plus
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,8 +37,16 @@ _RANGE, _API, _KERNEL = KIND_CODE["range"], KIND_CODE["api"], KIND_CODE["kernel"
 _WORK = np.array([k not in HOST_KINDS for k in KINDS])
 _COPY = np.array([k in ("h2d", "d2h", "d2d") for k in KINDS])
 _MIN, _MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+#: Where emit_nvtx's per-instance suffix begins.
+_EMIT_NVTX = re.compile(r", (?:seq|op_id) = \d")
 #: Groups' times are laid side by side below this; past it (traces of days in many groups) times are ranked first.
 _LIMIT = 1 << 62
+
+
+def plain_range_name(name: str) -> str:
+    """A range's name without what ``torch.autograd.profiler.emit_nvtx`` appends to each instance (", seq = 4, op_id =
+    17, sizes = [...]"), so that a name's instances are one row: "forward, op_id = 7" is "forward"."""
+    return _EMIT_NVTX.split(name, 1)[0]
 
 
 def empty_ranges() -> dict[str, np.ndarray]:
@@ -56,8 +66,9 @@ def range_columns(table: Mapping[str, np.ndarray], processes: Mapping[int, int] 
     end = np.asarray(table["end_ns"], np.int64)
     device = np.asarray(table["device"], np.int64)
     process = _process_codes(device, processes)
-    names, code = np.unique(np.asarray(table["name"], dtype=object)[ranges].astype(str), return_inverse=True)
-    code, n = code.reshape(-1), names.size
+    raw, raw_code = np.unique(np.asarray(table["name"], dtype=object)[ranges].astype(str), return_inverse=True)
+    names, plain_code = np.unique(np.array([plain_range_name(r) for r in raw.tolist()], dtype=str), return_inverse=True)
+    code, n = plain_code.reshape(-1)[raw_code.reshape(-1)], names.size
     ops, when, thread = _enqueued(table, kind, stream, start, process)
     pair_op, name = _under(
         start[ranges], end[ranges], process[ranges], stream[ranges], code, n, when, process[ops], thread

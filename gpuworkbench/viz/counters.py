@@ -153,7 +153,9 @@ def _unit_range(unit: str, renderers: list[Any]) -> Any:
     fitted to those lines only (from 0 for bytes)."""
     if unit in PERCENT_UNITS:
         return Range1d(0, 105)
-    return DataRange1d(renderers=renderers, start=0 if unit in BYTE_UNITS else None)
+    if unit in BYTE_UNITS:
+        return DataRange1d(renderers=renderers, start=0)
+    return DataRange1d(renderers=renderers)  # Bokeh refuses start=None given explicitly
 
 
 def _style_axis(axis: Any, unit: str) -> None:

@@ -299,6 +299,7 @@ def test_buffers_come_and_go_while_the_kernel_runs(dev, monkeypatch):
         assert pk.echo(1, 1) == 2.0
 
 
+@pytest.mark.concurrent
 def test_two_kernels_on_one_device(dev):
     with dev.persistent(label="a") as a, dev.persistent(label="b") as b:
         assert (a.echo(1, 2), b.echo(3, 4)) == (3.0, 7.0)
@@ -335,6 +336,7 @@ def test_cuda_hazards_are_refused_or_deferred():
 
 
 @pytest.mark.gpu
+@pytest.mark.concurrent
 def test_a_kernel_launched_later_may_read_what_was_allocated_beside_an_earlier_one():
     dev = open_device("cuda")
     with dev.persistent(arena_bytes=0) as first:

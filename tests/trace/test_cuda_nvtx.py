@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from support import cupy_with_cupti
 
 import gpuworkbench as gw
 from gpuworkbench.trace.cupti import nvtx
+from gpuworkbench.trace.range_stats import plain_range_name
 from gpuworkbench.trace.spans import KIND_CODE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cupti]
@@ -37,11 +37,6 @@ def _parents(names: list[str], starts: list[int], ends: list[int], rows: list[in
         parents.setdefault(names[i], names[stack[-1]] if stack else "")
         stack.append(i)
     return parents
-
-
-def _plain(name: str) -> str:
-    """A range name without the ", seq = N, op_id = M" that emit_nvtx appends."""
-    return re.split(r", (?:seq|op_id|sizes) = ", name)[0]
 
 
 def test_nvtx_points_at_the_libcupti_cupti_python_loads(torch):
@@ -75,7 +70,7 @@ def test_torch_ranges_arrive_nested_and_agree_with_torch_profiler(torch, tmp_pat
         torch.cuda.synchronize()
     table = t.table()
     ranges = np.flatnonzero(table["kind"] == KIND_CODE["range"])
-    names = [_plain(str(table["name"][i])) for i in ranges]
+    names = [plain_range_name(str(table["name"][i])) for i in ranges]
     ours = _parents(
         names, table["start_ns"][ranges].tolist(), table["end_ns"][ranges].tolist(), table["stream"][ranges].tolist()
     )

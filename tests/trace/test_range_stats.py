@@ -15,7 +15,7 @@ from support import rows
 
 import gpuworkbench as gw
 from gpuworkbench.trace.analysis import total_length, union
-from gpuworkbench.trace.range_stats import RANGE_COLUMNS, range_columns
+from gpuworkbench.trace.range_stats import RANGE_COLUMNS, plain_range_name, range_columns
 from gpuworkbench.trace.recorder import Trace
 from gpuworkbench.trace.spans import HOST_KINDS, KIND_CODE, KINDS, table_from_records, thread_stream
 
@@ -364,3 +364,9 @@ def test_cupy_launches_are_placed_on_the_thread_that_made_them():
     assert got["inner"]["kernels"] == 3 and got["step"]["kernels"] == 3
     assert got["idle thread"]["kernels"] == 0
     assert 0 < got["inner"]["device_ns"] <= got["step"]["device_ns"]
+
+
+def test_emit_nvtx_instances_of_a_name_are_one_row():
+    assert plain_range_name("forward, op_id = 7") == plain_range_name("forward, seq = 3, op_id = 106") == "forward"
+    assert plain_range_name("aten::mm, seq = 0, op_id = 2, sizes = [[4, 4]]") == "aten::mm"
+    assert plain_range_name("step, with commas, here") == "step, with commas, here"

@@ -70,6 +70,19 @@ def test_a_line_per_counter_and_an_axis_per_unit():
     json.dumps(json_item(fig))  # a whole Bokeh document: every model serialises
 
 
+def test_units_of_a_gpu_source_each_get_an_axis_fitted_to_their_lines():
+    rows = [
+        (t, 0, name, unit, value)
+        for t in (1_000_000, 2_000_000)
+        for name, unit, value in (("power", "W", 150.0), ("SM clock", "MHz", 1980.0), ("PCIe TX", "bytes/s", 5e10))
+    ]
+    fig = counters_figure(table(rows), {0: "cuda:0"}, t0_ns=0)
+    ranges = [fig.y_range, *fig.extra_y_ranges.values()]
+    assert all(isinstance(r, DataRange1d) for r in ranges) and len(ranges) == 3
+    assert sorted(fig.extra_y_ranges) == ["MHz", "bytes/s"]
+    json.dumps(json_item(fig))  # every range validates and serialises
+
+
 def test_a_shared_x_range_is_kept():
     shared = Range1d(0, 10)
     fig = counters_figure(table(ROWS), x_range=shared)
