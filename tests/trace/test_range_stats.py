@@ -335,6 +335,7 @@ def test_a_cpu_backend_trace_from_two_threads_places_unknown_thread_ops_by_time(
 
 
 @pytest.mark.gpu
+@pytest.mark.cupti
 def test_cupy_launches_are_placed_on_the_thread_that_made_them():
     """CUPTI links each CuPy kernel to its launch (corr) on its thread: a range open on another thread at the same
     time does not count it."""
