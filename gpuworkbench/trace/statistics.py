@@ -324,13 +324,17 @@ class Statistics:
         for device in sorted(self.device_time_ns):
             mine = np.flatnonzero(kernels["device"] == device)
             title = f"kernels on {self._device(device)}: device busy {duration_ns(self.device_time_ns[device])}"
+            shown = mine[:SHOWN_ROWS]
+            shapes = "block" in kernels and any(str(kernels["block"][i]) for i in shown)  # launch shapes known
             rows = [
                 [str(kernels["name"][i]), str(kernels["count"][i])]
                 + [duration_ns(kernels[c][i]) for c in ("total_ns", "mean_ns", "min_ns", "max_ns", "busy_ns")]
                 + [percent(kernels["device_time_pct"][i])]
-                for i in mine[:SHOWN_ROWS]
+                + ([str(kernels["block"][i]), percent(float(kernels["occupancy_pct"][i]))] if shapes else [])
+                for i in shown
             ]
             headers = ["name", "count", "total", "mean", "min", "max", "busy", "% of device time"]
+            headers += ["block", "occupancy"] if shapes else []
             sections.append(Section(title, headers, rows, "no kernels", mine.size - len(rows)))
         if not self.device_time_ns:
             sections.append(Section("kernels", [], [], "no device work: no kernels"))
