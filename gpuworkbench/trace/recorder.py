@@ -449,7 +449,8 @@ class Trace(CuptiTracing, Harvesting, Counting):
                 crossover = CROSSOVERS.provider(self)
             except Exception:  # noqa: BLE001 - an unreadable cache never stops a summary
                 crossover = None
-        return summarize(self.table(), window=window, crossover=crossover, limits=limits_of(self._devices))
+        kw = {"counters": self.counters()} if self.counting else {}  # how busy the SMs were, where sampled
+        return summarize(self.table(), window=window, crossover=crossover, limits=limits_of(self._devices), **kw)
 
     def statistics(self):  # noqa: ANN201 - statistics.Statistics
         """Kernels by name, copies by direction and host memory, API calls and launch latency, as ``nsys stats``

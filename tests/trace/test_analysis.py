@@ -158,6 +158,39 @@ def test_nested_copy_inside_kernel():
     assert summary.advice == []
 
 
+def counter_rows(*rows: tuple[int, int, str, float]) -> dict[str, np.ndarray]:
+    """A counters table (``Trace.counters()``) of (time_ns, device, name, value) rows, all in %."""
+    t, d, n, v = zip(*rows)
+    return {
+        "time_ns": np.array(t, np.int64),
+        "device": np.array(d, np.int16),
+        "name": np.array(n, object),
+        "unit": np.array(["%"] * len(rows), object),
+        "value": np.array(v, np.float64),
+    }
+
+
+def test_counters_say_how_busy_the_sms_were_while_copies_overlapped():
+    table = trace(span("kernel", 1, 0, 1000), span("h2d", 2, 0, 900, bytes=9000, pinned=True))
+    counters = counter_rows(
+        (100, 0, "SM active", 10.0),
+        (600, 0, "SM active", 14.0),
+        (600, 0, "GPU busy", 90.0),  # "SM active" is preferred where both were sampled
+        (1500, 0, "SM active", 99.0),  # after W: not counted
+        (600, 1, "SM active", 80.0),  # another device
+        (700, 0, "SM active", float("nan")),  # no value (a first sample): not counted
+    )
+    ds = summarize(table, counters=counters).devices[0]
+    assert ds.sm_active_pct == 12.0 and ds.sm_counter == "SM active"
+    text = str(summarize(table, counters=counters))
+    assert "SMs active (counters)" in text and "the copies bound this work, not the kernels" in text
+    busy = summarize(table, counters=counter_rows((500, 0, "GPU busy", 70.0))).devices[0]
+    assert (busy.sm_active_pct, busy.sm_counter) == (70.0, "GPU busy")
+    assert "the copies bound" not in str(summarize(table, counters=counter_rows((500, 0, "GPU busy", 70.0))))
+    assert summarize(table).devices[0].sm_active_pct is None  # no counters: no row
+    assert "SMs active" not in str(summarize(table, counters=counter_rows((500, 0, "host CPU", 5.0))))
+
+
 def test_disjoint_spans_do_not_overlap():
     summary = summarize(trace(span("h2d", 1, 0, 100), span("kernel", 2, 200, 300), span("d2h", 1, 300, 350)))
     assert_consistent(summary)

@@ -190,14 +190,16 @@ def summarize(
     theta_ns: int = DEFAULT_THETA_NS,
     crossover: Crossovers | None = None,
     limits: Mapping[int, DeviceLimits | None] | None = None,
+    counters: Mapping[str, np.ndarray] | None = None,
 ) -> Summary:
     """The DESIGN §6 figures of every device in ``table``: overlap, idle, 8 states, efficiency, bandwidth, advice.
 
     ``window`` = (start_ns, end_ns), e.g. a cell's wall time, replaces W = [first op start, last op end]; spans are
     clipped to it. ``crossover``: per device number, the measured crossover of each library kernel (by span name;
     ``gw.crossover`` makes them), for the advice ``too-small-for-gpu``; ``limits``: per device number, its
-    ``DeviceLimits`` (a trace's devices have them on CUDA), for the advice ``low-occupancy``. Vectorised, so that a
-    10^6-span table summarises in well under a second.
+    ``DeviceLimits`` (a trace's devices have them on CUDA), for the advice ``low-occupancy``; ``counters``: a trace's
+    counter samples (``Trace.counters()``), for how busy each device's SMs were over W. Vectorised, so that a 10^6-span
+    table summarises in well under a second.
     """
     check_table(table)
     window = check_window(window)
@@ -209,7 +211,29 @@ def summarize(
         small = too_small(spans, table, points) if points else None
         device_limits = (limits or {}).get(d)
         found[d] = _summarize_device(spans, theta_ns, small, None if device_limits is None else (table, device_limits))
+        if counters is not None:
+            found[d] = _with_sm_activity(found[d], counters)
     return Summary(found, cross_device(table, window))
+
+
+#: The counters that say how busy a device's SMs were, in order of preference (``counter_nvml.py``).
+SM_COUNTERS = ("SM active", "GPU busy")
+
+
+def _with_sm_activity(ds: DeviceSummary, counters: Mapping[str, np.ndarray]) -> DeviceSummary:
+    """``ds`` with the mean of its device's SM counter over its window W (samples stamped inside W: each covers the
+    interval before it), where the trace sampled one there."""
+    device = np.asarray(counters["device"])
+    t = np.asarray(counters["time_ns"], np.int64)
+    inside = (device == ds.device) & (t > ds.window_start_ns) & (t <= ds.window_end_ns)
+    names = np.asarray(counters["name"], dtype=object)
+    values = np.asarray(counters["value"], np.float64)
+    for name in SM_COUNTERS:
+        picked = values[inside & (names == name)]
+        picked = picked[np.isfinite(picked)]
+        if picked.size:
+            return replace(ds, sm_active_pct=float(picked.mean()), sm_counter=name)
+    return ds
 
 
 def state_segments(

@@ -39,6 +39,19 @@ def _cross_rows(cross: CrossDevice) -> list[tuple[str, str]]:
     return rows
 
 
+def _sm_rows(ds: DeviceSummary) -> list[tuple[str, str]]:
+    """How busy the SMs were (the device's counters), where sampled; and what that says of an overlap."""
+    if ds.sm_active_pct is None:
+        return []
+    value = f"{percent(ds.sm_active_pct)} (counter {ds.sm_counter!r})"
+    if ds.overlap_pct is not None and ds.overlap_pct >= 50 and ds.sm_active_pct < 25:
+        value += (
+            f": copies overlapped kernels {percent(ds.overlap_pct)} of their time, but the SMs were "
+            f"{percent(ds.sm_active_pct)} busy: the copies bound this work, not the kernels"
+        )
+    return [("SMs active (counters)", value)]
+
+
 def _rows(ds: DeviceSummary) -> list[tuple[str, str]]:
     """(name, value) pairs of one device, named as DESIGN §6 names them."""
     w = ds.window_ns
@@ -59,6 +72,7 @@ def _rows(ds: DeviceSummary) -> list[tuple[str, str]]:
         ("H2D overlap %", percent(ds.h2d_overlap_pct)),
         ("D2H overlap %", percent(ds.d2h_overlap_pct)),
         ("idle %", percent(ds.idle_pct)),
+        *_sm_rows(ds),
         ("pipeline efficiency", efficiency),
         ("8-state breakdown", states),
         ("stream busy", busy),

@@ -44,6 +44,9 @@ class DeviceSummary:
     gap_ns: dict[int, dict[str, int]]  # stream -> gap cause -> ns
     gap_counts: dict[str, int]  # gap cause -> number of gaps on all streams
     advice: list[Advice]
+    #: The mean of the device's "SM active" counter (else "GPU busy") over W, from a trace's counters; None without.
+    sm_active_pct: float | None = None
+    sm_counter: str = ""  # the counter it came from
 
     @property
     def kernel_ns(self) -> int:
