@@ -223,8 +223,9 @@ class CuptiSource:
         flush if one is due (see ``FLUSH_IDLE_S``; ``eager``: always, e.g. once no more launches are traced).
 
         Columns: kind (str), start, end (CUPTI ns), external_id (-1: none), bytes, name, pinned (-1/0/1),
-        stream_id, device_id, correlation_id, runtime_correlation_id; None when nothing completed. ``full=False``:
-        only start, end, external_id and the two correlation ids (cheaper; what a trace needs). ``resolve(thread,
+        stream_id, device_id, correlation_id, runtime_correlation_id, and the launch shape (grid, block, registers,
+        shared_bytes: ``decode.LAUNCH_FIELDS``); None when nothing completed. ``full=False``: only start, end,
+        external_id, the two correlation ids and the launch shape (cheaper; what a trace needs). ``resolve(thread,
         start)``: the external id of the op each API call (CUPTI thread id, start on CUPTI's clock) was made in, -1
         if none: how a trace tags its ops' records without pushing ids (see ``ExternalIdJoin.place_calls``)."""
         with self._flush_lock:
