@@ -42,7 +42,7 @@ TAPPED_LINE, TAPPED_SPANS = 9, 4
 #: The traced cell's statistics: kernels by time, copies by direction and host memory.
 STATS_CELL = "traced.statistics()"
 LIVE_CELL = "%gpu live"
-LOOP_SECONDS = 8.0
+LOOP_SECONDS = 15.0  # long enough for two reads READ_GAP_S apart on a slow, shared machine
 #: Copies and small kernels for LOOP_SECONDS: the live dashboard has to follow them while this cell runs.
 LOOP_CELL = f"""\
 import time
