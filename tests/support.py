@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +158,21 @@ def rows(table: Any) -> list[dict]:
         n = len(next(iter(table.values())))
         return [{c: table[c][i] for c in table} for i in range(n)]
     return table.to_dict("records")
+
+
+def dask_client(module: str) -> Iterator[Any]:
+    """A client of a real 2-process ``distributed.LocalCluster`` (one thread a worker), for a module-scoped fixture;
+    ``module``'s functions are pickled by value, so the workers need not import the test module. Skips without
+    distributed."""
+    distributed = pytest.importorskip("distributed")
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[module])
+    cluster = distributed.LocalCluster(
+        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None, silence_logs=40
+    )
+    client = distributed.Client(cluster)
+    client.wait_for_workers(2, timeout=60)
+    yield client
+    client.close()
+    cluster.close()

@@ -15,6 +15,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import support
 
 import gpuworkbench as gw
 from gpuworkbench.dask.summary import TASK_COLUMNS, advise_workers, summarize_workers
@@ -52,18 +53,7 @@ def numpy_task(seed: int) -> float:
 
 @pytest.fixture(scope="module")
 def client():
-    distributed = pytest.importorskip("distributed")
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers need not import this test module
-    cluster = distributed.LocalCluster(
-        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None, silence_logs=40
-    )
-    c = distributed.Client(cluster)
-    c.wait_for_workers(2, timeout=60)
-    yield c
-    c.close()
-    cluster.close()
+    yield from support.dask_client(__name__)
 
 
 def _workers(client) -> list[str]:

@@ -10,11 +10,11 @@ worker's ops under its own ranges only.
 from __future__ import annotations
 
 import math
-import sys
 import time
 
 import numpy as np
 import pytest
+import support
 
 import gpuworkbench as gw
 from gpuworkbench.errors import InvalidArgument
@@ -46,19 +46,8 @@ def ranged_task(n: int, seed: int, hold_s: float) -> float:
 
 @pytest.fixture(scope="module")
 def client():
-    distributed = pytest.importorskip("distributed")
     pytest.importorskip("psutil")
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers need not import this test module
-    cluster = distributed.LocalCluster(
-        n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None, silence_logs=40
-    )
-    c = distributed.Client(cluster)
-    c.wait_for_workers(2, timeout=60)
-    yield c
-    c.close()
-    cluster.close()
+    yield from support.dask_client(__name__)
 
 
 def _run(client, addresses: list[str], hold_s: float = 0.25) -> None:
