@@ -102,10 +102,10 @@ class Sampler:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def table(self) -> dict[str, np.ndarray]:
-        """The samples so far as ``COLUMNS``, in the order they were taken."""
+    def table(self, since: int = 0) -> dict[str, np.ndarray]:
+        """The samples taken after the first ``since`` ones, as ``COLUMNS``, in the order they were taken."""
         with self._lock:
-            rows = self._rows.table()
+            rows = self._rows.table(since)
         if not rows["time_ns"].size:
             return empty_counters_table()
         names = np.array([name for name, _ in self.counters] or [""], dtype=object)
@@ -215,8 +215,8 @@ class Held:
     def join(self, timeout: float = JOIN_S) -> None:
         pass
 
-    def table(self) -> dict[str, np.ndarray]:
-        return {column: values.copy() for column, values in self._table.items()}
+    def table(self, since: int = 0) -> dict[str, np.ndarray]:
+        return {column: values[since:].copy() for column, values in self._table.items()}
 
 
 def hold_samples(trace: Counting, table: dict[str, np.ndarray], sources: dict[str, str]) -> None:
@@ -257,15 +257,16 @@ class Counting:
     def _device_keys(self) -> list[tuple[int, str, str]]:
         return [(number, clock.key, clock.name) for number, clock in list(self._devices.items())]
 
-    def counters(self) -> dict[str, np.ndarray]:
+    def counters(self, since: int = 0) -> dict[str, np.ndarray]:
         """The counter samples as columns: ``time_ns`` (the spans' host clock), ``device`` (the trace's device
         number; -1: the host), ``name``, ``unit`` and ``value``; once the trace stopped, its last sample included.
-        Empty (the same columns) for a trace recorded without ``counters=True``."""
+        ``since``: only the samples after the first ``since`` (a live reader's cursor). Empty (the same columns) for
+        a trace recorded without ``counters=True``."""
         sampler = self._sampler
         if sampler is None:
             return empty_counters_table()
         sampler.join()
-        return sampler.table()
+        return sampler.table(since)
 
     @property
     def counter_sources(self) -> dict[str, str]:

@@ -103,6 +103,8 @@ class Live(widgets.VBox):
         self._summary_at = 0.0
         self._rate_since = time.monotonic()  # when the spans/s count began
         self._summary_cursor = 0
+        self._counter_cursor = 0  # counter samples read so far, and the newest value of each (device -> name -> text)
+        self._newest_counters: dict[int, dict[str, str]] = {}
         self._peak_held = 0
         self._hold_until = 0.0
         self._last_push = -1e9
@@ -277,13 +279,14 @@ class Live(widgets.VBox):
         """The newest sample of each counter, per device ("" for a trace without counters)."""
         if not getattr(self.trace, "counting", False):
             return ""
-        table = self.trace.counters()
-        if not table["time_ns"].size:
-            return "<div><i>counters: no sample yet</i></div>"
-        names = device_names(self.trace)
-        newest: dict[int, dict[str, str]] = {}
+        table = self.trace.counters(since=self._counter_cursor)  # only what came since the last refresh
+        self._counter_cursor += len(table["time_ns"])
+        newest = self._newest_counters
         for device, name, unit, value in zip(*(table[c].tolist() for c in ("device", "name", "unit", "value"))):
             newest.setdefault(device, {})[name] = counter_value(value, unit)  # rows are in time order: the last wins
+        if not newest:
+            return "<div><i>counters: no sample yet</i></div>"
+        names = device_names(self.trace)
         rows = [
             f"<tr><th style='text-align:left'>{html.escape('host' if device < 0 else names.get(device, str(device)))}"
             f"</th><td>{html.escape(' · '.join(f'{n} {v}' for n, v in values.items()))}</td></tr>"

@@ -84,6 +84,16 @@ def test_samples_lie_inside_the_trace_at_about_the_stated_rate(sampled):
     assert not [w for w in sampled.stats.warnings if w.startswith("counters")]
 
 
+def test_a_reader_with_a_cursor_gets_each_sample_once(sampled):
+    whole = sampled.counters()
+    head = whole["time_ns"].size // 3
+    rest = sampled.counters(since=head)
+    assert rest["time_ns"].size == whole["time_ns"].size - head
+    for column in whole:
+        assert np.array_equal(rest[column], whole[column][head:], equal_nan=column == "value"), column
+    assert sampled.counters(since=whole["time_ns"].size)["time_ns"].size == 0
+
+
 def test_the_sampler_ends_with_the_trace(sampled):
     sampled.counters()  # a stopped trace's reader waits for its last sample
     assert f"gpuworkbench-counters-{sampled.id}" not in counter_threads()
