@@ -57,11 +57,27 @@ def nvtx_case(set_inside: str) -> None:
     )
 
 
+def spy_markers(*fields: str) -> list[tuple]:
+    """A list that every NVTX marker record decoded from now on is appended to, as a tuple of ``fields``."""
+    from gpuworkbench.trace.cupti import decode
+
+    raw: list[tuple] = []
+    take = decode.RecordDecoder.take_extras
+
+    def spy(self):  # noqa: ANN001, ANN202
+        out = take(self)
+        marks = out.get("marker")
+        if marks is not None:
+            raw.extend(zip(*(marks[f].tolist() for f in fields)))
+        return out
+
+    decode.RecordDecoder.take_extras = spy
+    return raw
+
+
 def marker_case(warm: bool) -> None:
     """Every raw NVTX marker CUPTI hands over, per trace, for torch's, nvtx's and emit_nvtx's ranges."""
     import torch
-
-    from gpuworkbench.trace.cupti import decode
 
     os.environ["NVTX_INJECTION64_PATH"] = loaded_wheel_cupti()
     import nvtx
@@ -69,25 +85,7 @@ def marker_case(warm: bool) -> None:
     import gpuworkbench as gw
     from gpuworkbench.trace.spans import KIND_CODE
 
-    raw: list[tuple] = []
-    take = decode.RecordDecoder.take_extras
-
-    def spy(self):  # noqa: ANN001, ANN202
-        out = take(self)
-        m = out.get("marker")
-        if m is not None:
-            raw.extend(
-                zip(
-                    m["flags"].tolist(),
-                    m["id"].tolist(),
-                    m["thread_id"].tolist(),
-                    m["name"].tolist(),
-                    m["domain"].tolist(),
-                )
-            )
-        return out
-
-    decode.RecordDecoder.take_extras = spy
+    raw = spy_markers("flags", "id", "thread_id", "name", "domain")
     a = torch.randn(512, 512, device="cuda")
     if warm:
         torch.cuda.nvtx.range_push("warm")
@@ -114,19 +112,7 @@ def nvtx_variant(case: str) -> None:
     os.environ["NVTX_INJECTION64_PATH"] = loaded_wheel_cupti()
     import torch
 
-    from gpuworkbench.trace.cupti import decode
-
-    raw: list[tuple] = []
-    take = decode.RecordDecoder.take_extras
-
-    def spy(self):  # noqa: ANN001, ANN202
-        out = take(self)
-        m = out.get("marker")
-        if m is not None:
-            raw.extend(zip(m["flags"].tolist(), m["id"].tolist(), m["name"].tolist(), m["domain"].tolist()))
-        return out
-
-    decode.RecordDecoder.take_extras = spy
+    raw = spy_markers("flags", "id", "name", "domain")
     import gpuworkbench as gw
     from gpuworkbench.trace.spans import KIND_CODE
 
