@@ -33,6 +33,7 @@ from ..errors import InvalidArgument
 from ..pykernel.ktypes import ITEMSIZE, NUMPY_TYPES, numpy_dtype
 from ..streams import Stream
 from . import _kernels as k
+from . import _row_kernels as rk
 from ._call import NUMBERS, Call
 
 __all__ = ["argmax", "cumsum", "layer_norm", "log_softmax", "matmul", "max", "softmax", "sum", "transpose"]
@@ -78,7 +79,7 @@ def _rows(call: Call, name: str, axis: int | None) -> tuple[int, int, tuple[int,
 
 def _launch_rows(kernel: Any, call: Call, rows: int, nbytes: int, *args: Any) -> None:
     if rows:
-        kernel.launch(rows * k.ROW, *args, stream=call.stream, nbytes=nbytes)
+        kernel.launch(rows * rk.ROW, *args, stream=call.stream, nbytes=nbytes)
 
 
 def matmul(
@@ -126,7 +127,7 @@ def transpose(x: Array, out: Array | None = None, *, device: Device | str | None
         result = call.output(out, (cols, rows))
         bx = call.buffer("x")
         if rows and cols:
-            k.transpose(call.type).launch((_round_up(rows, k.TILE), _round_up(cols, k.TILE)), result, bx, rows, cols,
+            k.transpose(call.type).launch(k.transpose_shape(call.type, rows, cols), result, bx, rows, cols,
                                           stream=call.stream, nbytes=2 * ITEMSIZE[call.type] * rows * cols)  # fmt: skip
         return call.result(result)
 
@@ -136,7 +137,8 @@ def _softmax(op: str, x: Array, out: Array | None, device: Any, stream: Any, tak
         rows, cols, _ = _rows(call, "x", -1)
         result = call.output(out, call.shape("x"))
         nbytes = 2 * ITEMSIZE[call.type] * rows * cols
-        _launch_rows(k.row_softmax(call.type), call, rows, nbytes, result, call.buffer("x"), cols, take_log)
+        kernel = rk.row_softmax(call.type, distinct=result is not call.buffer("x"))
+        _launch_rows(kernel, call, rows, nbytes, result, call.buffer("x"), cols, take_log)
         return call.result(result)
 
 
@@ -179,7 +181,7 @@ def layer_norm(
                 params.append(call.alloc((builtins.max(cols, 1),), call.dtype))
                 params[-1].copy_from_host(np.full(builtins.max(cols, 1), fill, call.dtype))
         nbytes = 2 * ITEMSIZE[call.type] * (rows * cols + cols)
-        kernel = k.row_layer_norm(call.type)
+        kernel = rk.row_layer_norm(call.type, distinct=result is not call.buffer("x"))
         _launch_rows(kernel, call, rows, nbytes, result, call.buffer("x"), *params, cols, float(eps))
         return call.result(result)
 
@@ -219,20 +221,20 @@ def sum(x: Array, axis: int | None = None, out: Array | None = None, *, device: 
         stream: Stream | None = None) -> Array:  # fmt: skip
     """The sum along the last axis (``axis=-1``) or of everything (``axis=None``), added as a tree (in float32 for
     16-bit floats and float32, float64 for float64, int64 for integers, whose sum is int64 as NumPy's)."""
-    return _reduce("sum", k.row_sum, x, axis, out, device, stream)
+    return _reduce("sum", rk.row_sum, x, axis, out, device, stream)
 
 
 def max(x: Array, axis: int | None = None, out: Array | None = None, *, device: Device | str | None = None,
         stream: Stream | None = None) -> Array:  # fmt: skip
     """The largest element along the last axis or of everything; NaN where there is one, as in NumPy."""
-    return _reduce("max", k.row_max, x, axis, out, device, stream)
+    return _reduce("max", rk.row_max, x, axis, out, device, stream)
 
 
 def argmax(x: Array, axis: int | None = None, out: Array | None = None, *, device: Device | str | None = None,
            stream: Stream | None = None) -> Array:  # fmt: skip
     """The index (int64, as NumPy's) of the first largest element along the last axis, or in the flattened array.
     WebGPU has no int64: its Buffers get int32 indices (NumPy inputs still get int64 back)."""
-    return _reduce("argmax", k.row_argmax, x, axis, out, device, stream)
+    return _reduce("argmax", rk.row_argmax, x, axis, out, device, stream)
 
 
 def cumsum(x: Array, axis: int | None = None, out: Array | None = None, *, device: Device | str | None = None,
@@ -245,5 +247,6 @@ def cumsum(x: Array, axis: int | None = None, out: Array | None = None, *, devic
         t = _result_type("cumsum", call)
         result = call.output(out, shape, numpy_dtype(t))
         nbytes = (ITEMSIZE[call.type] + ITEMSIZE[t]) * rows * cols
-        _launch_rows(k.row_cumsum(call.type), call, rows, nbytes, result, call.buffer("x"), cols)
+        kernel = rk.row_cumsum(call.type, distinct=result is not call.buffer("x"))
+        _launch_rows(kernel, call, rows, nbytes, result, call.buffer("x"), cols)
         return call.result(result)

@@ -34,6 +34,7 @@ class Call:
         self._temps: list[Buffer] = []
         self._out: np.ndarray | None = None  # NumPy mode: the caller's array to fill
         self._new: Buffer | None = None  # Buffer mode: the output allocated here
+        self._over: Buffer | None = None  # Buffer mode on WebGPU: the input that the result is copied over at the end
         self._host: np.dtype | None = None  # NumPy mode: the result's dtype where the device's differs
         kinds = {isinstance(v, Buffer) for v in self.inputs.values()}
         for name, v in self.inputs.items():
@@ -133,6 +134,9 @@ class Call:
             else:
                 if out.device is not self.device:
                     raise InvalidArgument(f"{self.op}: out is on {out.device.spec}, the inputs on {self.device.spec}")
+                if self.device.caps.kernel_language == "wgsl" and any(v is out for v in self.inputs.values()):
+                    self._over = out  # WebGPU cannot bind a buffer it writes twice in one dispatch: copied over after
+                    return self.alloc(shape, dtype)
                 return out
         if self.numpy:
             return self.alloc(shape, device_dtype)
@@ -143,6 +147,9 @@ class Call:
         """The Buffer (enqueued, not waited for), or for NumPy inputs the host array (blocks)."""
         if not self.numpy:
             self._new = None
+            if self._over is not None:
+                self._over.copy_from(buf, self.stream)
+                return self._over
             return buf
         if self._host is not None and self._host != buf.dtype:
             host = buf.copy_to_host().astype(self._host)

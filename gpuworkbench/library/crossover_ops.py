@@ -16,6 +16,7 @@ from .. import library as lib
 from ..errors import InvalidArgument
 from ..pykernel.ktypes import ITEMSIZE, NUMPY_TYPES, kernel_type, numpy_dtype
 from . import _kernels as k
+from . import _row_kernels as rk
 from ._call import FLOATS, NUMBERS
 
 ROW = 1024  # row length of the row operations' problems (shorter when the size does not divide by it)
@@ -153,22 +154,22 @@ OPS: dict[str, CrossoverOp] = {
             out=lambda s: (row_shape(s)[::-1], np.float32),
             takes=NUMBERS,
         ),
-        _row_op("softmax", k.row_softmax, _np_softmax, lib.softmax),
-        _row_op("log_softmax", k.row_softmax, _np_log_softmax, lib.log_softmax),
+        _row_op("softmax", rk.row_softmax, _np_softmax, lib.softmax),
+        _row_op("log_softmax", rk.row_softmax, _np_log_softmax, lib.log_softmax),
         _row_op(
             "layer_norm",
-            k.row_layer_norm,
+            rk.row_layer_norm,
             _np_layer_norm,
             lib.layer_norm,
             inputs=_layer_norm_input,
             typed_bytes=lambda size, s, r: 2 * s * (size + row_shape(size)[1]),
         ),
-        _per_row_op("sum", k.row_sum, lambda x: x.sum(axis=-1), lib.sum),
-        _per_row_op("max", k.row_max, lambda x: x.max(axis=-1), lib.max),
-        _per_row_op("argmax", k.row_argmax, lambda x: x.argmax(axis=-1), lib.argmax, np.int64),
+        _per_row_op("sum", rk.row_sum, lambda x: x.sum(axis=-1), lib.sum),
+        _per_row_op("max", rk.row_max, lambda x: x.max(axis=-1), lib.max),
+        _per_row_op("argmax", rk.row_argmax, lambda x: x.argmax(axis=-1), lib.argmax, np.int64),
         _row_op(
             "cumsum",
-            k.row_cumsum,
+            rk.row_cumsum,
             lambda x: np.cumsum(x, axis=-1),
             lambda **kw: lib.cumsum(**kw, axis=-1),
             typed_bytes=lambda size, s, r: (s + r) * size,

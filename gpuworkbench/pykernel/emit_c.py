@@ -253,7 +253,9 @@ class CSource:
             ct = self.types[p.type]
             if p.kind == "array":
                 const = "" if p.written else "const "
-                params.append(f"{const}{ct}* {p.cname}" if cuda else f"__global {const}{ct}* {p.cname}")
+                restrict = (" __restrict__" if cuda else " restrict") if ir.distinct else ""
+                space = "" if cuda else "__global "
+                params.append(f"{space}{const}{ct}*{restrict} {p.cname}")
             else:
                 params.append(f"const {ct} {p.cname}")
         params += [f"const int {d.name}" for d in ir.domain]

@@ -195,6 +195,7 @@ class KernelIR:
     shared: list[Param] = field(default_factory=list)  # workgroup-shared arrays, in declaration order
     uses_barrier: bool = False
     uses_builtins: bool = False  # local_id, group_id, group_size or num_groups
+    distinct: bool = False  # the arrays never overlap (C's restrict): the compiler may reorder their reads and writes
 
     @property
     def ndim(self) -> int:

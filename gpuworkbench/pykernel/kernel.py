@@ -39,9 +39,14 @@ class PythonKernel:
     in traces under the function's name."""
 
     def __init__(
-        self, fn: Callable[..., Any], name: str | None = None, block: Sequence[int] | int | None = None
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        block: Sequence[int] | int | None = None,
+        distinct: bool = False,
     ) -> None:
         self.ir: KernelIR = translate(fn, name)
+        self.ir.distinct = distinct
         functools.update_wrapper(self, fn)  # __name__, __doc__, __wrapped__ as the function's
         self.name = self.ir.name
         self.cooperative = self.ir.cooperative  # shared arrays, barriers or block indices: launches cover whole blocks
@@ -231,6 +236,17 @@ class PythonKernel:
                     raise InvalidArgument(
                         f"{self.name}: {p.name!r} has the launch shape {ny} × {nx} but holds {len(a)} elements"
                     )
+                for q, b in zip(params, values):
+                    if b is a and self.ir.distinct:
+                        raise InvalidArgument(
+                            f"{self.name} takes distinct arrays (@gw.kernel(distinct=True)); {q.name!r} and "
+                            f"{p.name!r} are the same buffer"
+                        )
+                    if b is a and (p.written or q.written) and a.device.caps.kernel_language == "wgsl":
+                        raise InvalidArgument(
+                            f"{self.name}: {q.name!r} and {p.name!r} are the same buffer, which the kernel writes; "
+                            f"WebGPU cannot bind a written buffer twice in one dispatch: pass a copy"
+                        )
                 values.append(a)
             else:
                 values.append(_scalar(a, p, self.name))
@@ -287,12 +303,18 @@ def _scalar(value: Any, p: Param, name: str) -> Any:
 
 
 def kernel(
-    fn: Callable[..., Any] | None = None, *, name: str | None = None, block: Sequence[int] | int | None = None
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    block: Sequence[int] | int | None = None,
+    distinct: bool = False,
 ) -> Any:
     """Decorate a typed Python function to run it on every backend: ``@gw.kernel``, ``@gw.kernel(name="k")``, or
-    ``@gw.kernel(block=(16, 16))`` (the block its launches use unless given one).
+    ``@gw.kernel(block=(16, 16))`` (the block its launches use unless given one). ``distinct=True`` promises that its
+    arrays never overlap (C's ``restrict``), so that the compiler may reorder their reads and writes (loads issued
+    together ahead of stores); a launch passing one buffer twice then raises InvalidArgument.
 
     Translates (and checks) the function now; compiles per device on first launch."""
     if fn is None:
-        return lambda f: PythonKernel(f, name, block)
-    return PythonKernel(fn, name, block)
+        return lambda f: PythonKernel(f, name, block, distinct)
+    return PythonKernel(fn, name, block, distinct)

@@ -1,0 +1,363 @@
+"""The library's row kernels (sum, max, argmax, cumsum, softmax, layer norm), each written once with ``@gw.kernel``.
+
+One block of ``ROW`` threads per row. Each thread walks the row ``unroll(t)`` elements at a time: ``unroll`` loads
+ROW apart (coalesced across the block) issued before any is used, so that enough bytes are in flight to keep the
+memory busy (16 bytes per thread and step, 32 for 8-byte types), then a tail one element at a time. Every thread runs
+the same number of steps, so the CPU runs them vectorised. The block then combines its threads' partial results in
+shared memory by halving (``HALVINGS`` rounds). Whole-array reductions are one row.
+
+Softmax reads its row once for the maximum and the sum together (a running sum rescaled when the maximum grows) and
+once more to write; layer norm gathers mean and squared deviations in one read (chunks of ``unroll`` values, merged
+by Chan's pairwise formula, as stable as two passes) and reads again to write. The second read of a row comes soon
+after the first, while the row is in cache. Kernels that write rows are made ``distinct`` (C's restrict: the loads
+of a step issue together ahead of its stores) unless the result is written over the input. NaN propagates as in
+NumPy (except on WebGPU, whose WGSL may assume there is none; see _kernels).
+"""
+
+import functools
+import math
+
+from .. import pykernel as gw
+from ..pykernel import PythonKernel
+from ..pykernel.ktypes import INTS, ITEMSIZE, SCALAR_TYPES
+from ._kernels import NEG_INF, acc_type, kernel_name, lowest_value, sum_type, val_type
+
+ROW = 256  # threads per block
+HALVINGS = 8  # log2(ROW)
+
+
+def unroll(t: str) -> int:
+    """Elements each thread loads per step for element type ``t``: 16 bytes' worth, at least 4."""
+    return max(4, 16 // ITEMSIZE[t])
+
+
+@functools.cache
+def row_sum(ty: str = "f32", u: int = 0) -> PythonKernel:
+    T, ACC, OUT, U = SCALAR_TYPES[ty], acc_type(ty), SCALAR_TYPES[sum_type(ty)], u or unroll(ty)
+
+    @gw.kernel(name=kernel_name("row_sum", ty), block=ROW)
+    def row_sum(i: gw.index, out: OUT[:], x: T[:, gw.width.cols], cols: gw.i32):
+        red = gw.shared(ROW, ACC)
+        lid = gw.local_id(0)
+        row = gw.group_id(0)
+        total = ACC(0)
+        full = cols // (U * ROW)
+        for t in range(full):
+            base = t * (U * ROW) + lid
+            part = ACC(0)
+            for u in range(U):
+                part += x[row, base + u * ROW]
+            total += part
+        for t in range(full * U, (cols + ROW - 1) // ROW):
+            c = t * ROW + lid
+            if c < cols:
+                total += x[row, c]
+        red[lid] = total
+        gw.barrier()
+        stride = ROW // 2
+        for _ in range(HALVINGS):
+            if lid < stride:
+                red[lid] += red[lid + stride]
+            gw.barrier()
+            stride //= 2
+        if lid == 0:
+            out[row] = red[0]
+
+    return row_sum
+
+
+@functools.cache
+def row_max(ty: str = "f32", u: int = 0) -> PythonKernel:
+    T, VAL, LOWEST, NANS, U = SCALAR_TYPES[ty], val_type(ty), lowest_value(ty), ty not in INTS, u or unroll(ty)
+
+    @gw.kernel(name=kernel_name("row_max", ty), block=ROW)
+    def row_max(i: gw.index, out: T[:], x: T[:, gw.width.cols], cols: gw.i32):
+        red = gw.shared(ROW, VAL)
+        lid = gw.local_id(0)
+        row = gw.group_id(0)
+        best = VAL(LOWEST)
+        full = cols // (U * ROW)
+        for t in range(full):
+            base = t * (U * ROW) + lid
+            for u in range(U):
+                v = x[row, base + u * ROW]
+                if v > best or (NANS and v != v):
+                    best = v
+        for t in range(full * U, (cols + ROW - 1) // ROW):
+            c = t * ROW + lid
+            if c < cols:
+                v = x[row, c]
+                if v > best or (NANS and v != v):
+                    best = v
+        red[lid] = best
+        gw.barrier()
+        stride = ROW // 2
+        for _ in range(HALVINGS):
+            if lid < stride:
+                other = red[lid + stride]
+                if other > red[lid] or (NANS and other != other):
+                    red[lid] = other
+            gw.barrier()
+            stride //= 2
+        if lid == 0:
+            out[row] = red[0]
+
+    return row_max
+
+
+@functools.cache
+def row_argmax(ty: str = "f32", index: str = "i64", u: int = 0) -> PythonKernel:
+    """``index``: the type of the indices written (int64 as NumPy's; int32 where the device has no int64)."""
+    T, VAL, LOWEST, IDX = SCALAR_TYPES[ty], val_type(ty), lowest_value(ty), SCALAR_TYPES[index]
+    NANS, U = ty not in INTS, u or unroll(ty)
+
+    @gw.kernel(name=kernel_name("row_argmax", ty), block=ROW)
+    def row_argmax(i: gw.index, out: IDX[:], x: T[:, gw.width.cols], cols: gw.i32):
+        """The index of each row's first largest element (of its first NaN where it has one), as np.argmax. Each
+        thread meets its elements in increasing index, so a later equal value never replaces an earlier one."""
+        val = gw.shared(ROW, VAL)
+        at = gw.shared(ROW, gw.i32)
+        lid = gw.local_id(0)
+        row = gw.group_id(0)
+        best = VAL(LOWEST)
+        where = cols  # none yet: any element beats it
+        full = cols // (U * ROW)
+        for t in range(full):
+            base = t * (U * ROW) + lid
+            for u in range(U):
+                v = x[row, base + u * ROW]
+                if where == cols or v > best or (NANS and v != v and best == best):
+                    best = v
+                    where = base + u * ROW
+        for t in range(full * U, (cols + ROW - 1) // ROW):
+            c = t * ROW + lid
+            if c < cols:
+                v = x[row, c]
+                if where == cols or v > best or (NANS and v != v and best == best):
+                    best = v
+                    where = c
+        val[lid] = best
+        at[lid] = where
+        gw.barrier()
+        stride = ROW // 2
+        for _ in range(HALVINGS):
+            if lid < stride:
+                ov = val[lid + stride]
+                oi = at[lid + stride]
+                bv = val[lid]
+                bi = at[lid]
+                same = ov == bv or (NANS and ov != ov and bv != bv)
+                if ov > bv or (NANS and ov != ov and bv == bv) or (same and oi < bi):
+                    val[lid] = ov
+                    at[lid] = oi
+            gw.barrier()
+            stride //= 2
+        if lid == 0:
+            out[row] = at[0]
+
+    return row_argmax
+
+
+@functools.cache
+def row_softmax(ty: str = "f32", u: int = 0, distinct: bool = True) -> PythonKernel:
+    T, ACC, U = SCALAR_TYPES[ty], acc_type(ty), u or unroll(ty)
+
+    @gw.kernel(name=kernel_name("row_softmax", ty), block=ROW, distinct=distinct)
+    def row_softmax(i: gw.index, out: T[:, gw.width.cols], x: T[:, gw.width.cols], cols: gw.i32,
+                    take_log: gw.i32):  # fmt: skip
+        """softmax (log_softmax where take_log) of each row, the row's maximum subtracted first. Each thread keeps
+        its maximum m and the sum s of exp(v - m) over its elements, s rescaled by exp(m - new m) when m grows; the
+        block then takes the row's maximum and adds the rescaled sums."""
+        red = gw.shared(ROW, ACC)
+        lid = gw.local_id(0)
+        row = gw.group_id(0)
+        steps = (cols + ROW - 1) // ROW
+        full = cols // (U * ROW)
+        m = ACC(NEG_INF)
+        s = ACC(0)
+        for t in range(full):
+            base = t * (U * ROW) + lid
+            top = m
+            for u in range(U):
+                v = x[row, base + u * ROW]
+                if v > top or v != v:
+                    top = v
+            if top > NEG_INF or top != top:  # else every value so far is -inf: nothing to add yet
+                part = ACC(0)
+                for u in range(U):
+                    part += math.exp(x[row, base + u * ROW] - top)
+                s = s * math.exp(m - top) + part
+                m = top
+        for t in range(full * U, steps):
+            c = t * ROW + lid
+            if c < cols:
+                v = x[row, c]
+                top = v if v > m or v != v else m
+                if top > NEG_INF or top != top:
+                    s = s * math.exp(m - top) + math.exp(v - top)
+                    m = top
+        red[lid] = m
+        gw.barrier()
+        stride = ROW // 2
+        for _ in range(HALVINGS):
+            if lid < stride:
+                other = red[lid + stride]
+                if other > red[lid] or other != other:
+                    red[lid] = other
+            gw.barrier()
+            stride //= 2
+        top = red[0]
+        gw.barrier()  # every thread has read the maximum before red is used again
+        red[lid] = s * math.exp(m - top) if s != 0 or m != m else s
+        gw.barrier()
+        stride = ROW // 2
+        for _ in range(HALVINGS):
+            if lid < stride:
+                red[lid] += red[lid + stride]
+            gw.barrier()
+            stride //= 2
+        total = red[0]
+        scale = 1.0 / total
+        shift = math.log(total)
+        for t in range(full):
+            base = t * (U * ROW) + lid
+            for u in range(U):
+                v = x[row, base + u * ROW] - top
+                out[row, base + u * ROW] = v - shift if take_log != 0 else math.exp(v) * scale
+        for t in range(full * U, steps):
+            c = t * ROW + lid
+            if c < cols:
+                v = x[row, c] - top
+                out[row, c] = v - shift if take_log != 0 else math.exp(v) * scale
+
+    return row_softmax
+
+
+@functools.cache
+def row_layer_norm(ty: str = "f32", u: int = 0, distinct: bool = True) -> PythonKernel:
+    T, ACC, U = SCALAR_TYPES[ty], acc_type(ty), u or unroll(ty)
+
+    @gw.kernel(name=kernel_name("row_layer_norm", ty), block=ROW, distinct=distinct)
+    def row_layer_norm(i: gw.index, out: T[:, gw.width.cols], x: T[:, gw.width.cols], gamma: T[:], beta: T[:],
+                       cols: gw.i32, eps: ACC):  # fmt: skip
+        """(x - mean) / sqrt(var + eps) * gamma + beta over each row. Each thread keeps a count, mean and sum of
+        squared deviations (m2) of its elements: a chunk of U values gives its own (U, mean, m2), merged into the
+        thread's by Chan's formula; lone tail values by Welford's; the block merges its threads' the same way."""
+        rn = gw.shared(ROW, ACC)
+        rmean = gw.shared(ROW, ACC)
+        rm2 = gw.shared(ROW, ACC)
+        lid = gw.local_id(0)
+        row = gw.group_id(0)
+        steps = (cols + ROW - 1) // ROW
+        full = cols // (U * ROW)
+        n = ACC(0)
+        mean = ACC(0)
+        m2 = ACC(0)
+        for t in range(full):
+            base = t * (U * ROW) + lid
+            cs = ACC(0)
+            for u in range(U):
+                cs += x[row, base + u * ROW]
+            cm = cs / U
+            cq = ACC(0)
+            for u in range(U):
+                d = x[row, base + u * ROW] - cm
+                cq += d * d
+            nn = n + U
+            delta = cm - mean
+            mean += delta * (U / nn)
+            m2 += cq + delta * delta * (n * U / nn)
+            n = nn
+        for t in range(full * U, steps):
+            c = t * ROW + lid
+            if c < cols:
+                v = x[row, c]
+                n += 1
+                d = v - mean
+                mean += d / n
+                m2 += d * (v - mean)
+        rn[lid] = n
+        rmean[lid] = mean
+        rm2[lid] = m2
+        gw.barrier()
+        stride = ROW // 2
+        for _ in range(HALVINGS):
+            if lid < stride:
+                nb = rn[lid + stride]
+                if nb > 0:
+                    na = rn[lid]
+                    nn = na + nb
+                    delta = rmean[lid + stride] - rmean[lid]
+                    rmean[lid] += delta * (nb / nn)
+                    rm2[lid] += rm2[lid + stride] + delta * delta * (na * nb / nn)
+                    rn[lid] = nn
+            gw.barrier()
+            stride //= 2
+        mean = rmean[0]
+        scale = 1.0 / math.sqrt(rm2[0] / cols + eps)
+        for t in range(full):
+            base = t * (U * ROW) + lid
+            for u in range(U):
+                c = base + u * ROW
+                out[row, c] = (x[row, c] - mean) * scale * gamma[c] + beta[c]
+        for t in range(full * U, steps):
+            c = t * ROW + lid
+            if c < cols:
+                out[row, c] = (x[row, c] - mean) * scale * gamma[c] + beta[c]
+
+    return row_layer_norm
+
+
+@functools.cache
+def row_cumsum(ty: str = "f32", u: int = 0, distinct: bool = True) -> PythonKernel:
+    T, ACC, OUT, U = SCALAR_TYPES[ty], acc_type(ty), SCALAR_TYPES[sum_type(ty)], u or unroll(ty)
+    CHUNK = U * ROW
+    PADDED = CHUNK + CHUNK // 32  # a gap after every 32 values: a thread's U neighbours fall in different banks
+
+    @gw.kernel(name=kernel_name("row_cumsum", ty), block=ROW, distinct=distinct)
+    def row_cumsum(i: gw.index, out: OUT[:, gw.width.cols], x: T[:, gw.width.cols], cols: gw.i32):
+        """Inclusive prefix sums of each row, CHUNK elements at a time: read coalesced into shared memory, each
+        thread scans U neighbouring values, the threads' totals are scanned (Hillis-Steele), each thread adds the
+        totals before its own and the running total of the chunks before, and the chunk is written coalesced."""
+        buf = gw.shared(PADDED, ACC)
+        scan = gw.shared(ROW, ACC)
+        lid = gw.local_id(0)
+        row = gw.group_id(0)
+        carry = ACC(0)
+        for t in range((cols + CHUNK - 1) // CHUNK):
+            base = t * CHUNK
+            for u in range(U):
+                j = u * ROW + lid
+                c = base + j
+                buf[j + j // 32] = x[row, c] if c < cols else 0
+            gw.barrier()
+            run = ACC(0)
+            for u in range(U):
+                j = lid * U + u
+                run += buf[j + j // 32]
+                buf[j + j // 32] = run
+            scan[lid] = run
+            gw.barrier()
+            offset = 1
+            for _ in range(HALVINGS):
+                v = scan[lid]
+                if lid >= offset:
+                    v += scan[lid - offset]
+                gw.barrier()  # every thread has read before any writes
+                scan[lid] = v
+                gw.barrier()
+                offset *= 2
+            before = carry + (scan[max(lid, 1) - 1] if lid > 0 else ACC(0))
+            for u in range(U):
+                j = lid * U + u
+                buf[j + j // 32] += before
+            gw.barrier()
+            for u in range(U):
+                j = u * ROW + lid
+                c = base + j
+                if c < cols:
+                    out[row, c] = buf[j + j // 32]
+            carry += scan[ROW - 1]
+            gw.barrier()  # every thread has read the chunk and its total before the next chunk overwrites them
+
+    return row_cumsum

@@ -1,0 +1,152 @@
+"""``gw.library``'s row kernels on rows long enough for their unrolled steps (several steps of ``unroll`` loads per
+thread, then a tail), on cpu, opencl (PoCL), webgpu (lavapipe) and cuda (marked gpu): against NumPy in float64, with
+-inf over the first steps of a row (softmax's running sum must not turn them into NaN) and a NaN in another; results
+written over the input; transpose's tiles on sizes that cut them; ``@gw.kernel(distinct=True)``."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from support import WITH_WEBGPU
+
+import gpuworkbench as gw
+from gpuworkbench import library as lib
+from gpuworkbench.errors import InvalidArgument
+
+os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="gpuwb-xdg-"))  # quiets Mesa's loader
+every_backend = pytest.mark.parametrize("device", WITH_WEBGPU, indirect=True)
+
+COLS = 2 * 2048 + 77  # two whole steps of 8 × 256 (16-bit types), four of 4 × 256, and a tail
+RTOL = {"float16": 1e-2, "float32": 1e-5, "float64": 1e-12}
+
+
+def rows(name: str, specials: bool) -> np.ndarray:
+    """Three rows: row 0 -inf over its first 2 100 values (where the float ops take specials), row 1 a NaN at 3 000."""
+    rng = np.random.default_rng(11)
+    if name.startswith("int"):
+        return rng.integers(-50, 50, (3, COLS)).astype(name)
+    x = rng.normal(0, 3, (3, COLS)).astype(name)
+    if specials:
+        x[0, :2100] = -np.inf
+        x[1, 3000] = np.nan
+    return x
+
+
+def close(got, want, name):
+    got = np.asarray(got).astype(np.float64)
+    if name.startswith("int"):
+        return np.array_equal(got, want)
+    finite, nan = np.isfinite(want), np.isnan(want)
+    infinite = ~finite & ~nan
+    if not np.array_equal(np.isnan(got), nan) or not np.array_equal(got[infinite], want[infinite]):
+        return False
+    scale = np.abs(want[finite]).max() if finite.any() else 1.0
+    return np.allclose(got[finite], want[finite], rtol=RTOL[name], atol=RTOL[name] * scale)
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def skip_unheld(device, name):
+    """Skip where the device cannot hold ``name`` (integers: their int64 sums either)."""
+    lacks = device.backend_device.lacks_type(name) or (
+        name.startswith("int") and device.backend_device.lacks_type("int64")
+    )
+    if lacks:
+        pytest.skip(lacks)
+
+
+@every_backend
+@pytest.mark.parametrize("name", ["float16", "float32", "float64", "int32"])
+def test_long_rows_as_numpy(device, name):
+    skip_unheld(device, name)
+    specials = device.backend_kind is not gw.BackendKind.WEBGPU  # WGSL may assume there is no NaN nor infinity
+    x = rows(name, specials)
+    wide = x.astype(np.float64 if name.startswith("float") else np.int64)
+    want = {
+        "sum": wide.sum(-1),
+        "max": wide.max(-1),
+        "argmax": wide.argmax(-1),
+        "cumsum": wide.cumsum(-1),
+        "transpose": wide.T,
+    }
+    if name.startswith("float"):
+        with np.errstate(invalid="ignore"):
+            want["softmax"] = softmax(wide)
+            want["log_softmax"] = np.log(want["softmax"])
+        with np.errstate(invalid="ignore"):
+            want["layer_norm"] = (wide - wide.mean(-1, keepdims=True)) / np.sqrt(wide.var(-1, keepdims=True) + 1e-5)
+    for op, expected in want.items():
+        fn = getattr(lib, op)
+        got = fn(x, axis=-1, device=device) if op in ("sum", "max", "argmax", "cumsum") else fn(x, device=device)
+        if op == "layer_norm" and specials:  # rows with -inf or NaN are NaN; the third row is the test
+            got, expected = np.asarray(got)[2:], expected[2:]
+        if op in ("sum", "cumsum") and name.startswith("float"):
+            tol = {"float16": 2e-2, "float32": 1e-4, "float64": 1e-10}[name]  # thousands of rounded values added
+            if specials:
+                got, expected = np.asarray(got)[2:], expected[2:]
+            assert np.allclose(np.asarray(got, np.float64), expected, rtol=tol, atol=tol * np.abs(expected).max()), op
+            continue
+        assert close(got, expected, name), op
+
+
+@every_backend
+@pytest.mark.parametrize("op", ["softmax", "layer_norm", "cumsum"])
+def test_result_written_over_the_input(device, op):
+    x = np.random.default_rng(12).normal(0, 2, (3, COLS)).astype(np.float32)
+    want = {
+        "softmax": softmax(x.astype(np.float64)),
+        "layer_norm": (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5),
+        "cumsum": x.astype(np.float64).cumsum(-1),
+    }[op]
+    with device.alloc(x.shape) as buf:
+        buf.copy_from_host(x.reshape(-1))
+        s = device.create_stream("in-place")
+        fn = getattr(lib, op)
+        result = fn(buf, axis=-1, out=buf, stream=s) if op == "cumsum" else fn(buf, out=buf, stream=s)
+        s.synchronize()
+        assert result is buf
+        got = buf.copy_to_host().reshape(x.shape).astype(np.float64)
+        s.close()
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@every_backend
+@pytest.mark.parametrize("name", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("shape", [(70, 130), (1, 65), (129, 3)])
+def test_transpose_tiles_cut_by_the_edges(device, name, shape):
+    skip_unheld(device, name)
+    x = np.random.default_rng(13).integers(-100, 100, shape).astype(name)
+    assert np.array_equal(lib.transpose(x, device=device), x.T)
+
+
+@every_backend
+def test_distinct_kernel_refuses_one_buffer_twice(device):
+    @gw.kernel(distinct=True)
+    def add(i: gw.index, out: gw.f32[:], a: gw.f32[:], n: gw.i32):
+        if i < n:
+            out[i] = a[i] + 1.0
+
+    assert "__restrict__ out" in add.source("cuda").replace("* __restrict__", " __restrict__")
+    assert "restrict a" in add.source("opencl").replace("* restrict", " restrict")
+    with device.alloc(8) as a, device.alloc(8) as out:
+        a.copy_from_host(np.arange(8, dtype=np.float32))
+        add.launch(8, out, a, 8)
+        assert np.array_equal(out.copy_to_host(), np.arange(8) + 1.0)
+        with pytest.raises(InvalidArgument, match="'out' and 'a' are the same buffer"):
+            add.launch(8, a, a, 8)
+
+
+@pytest.mark.parametrize("device", ["webgpu"], indirect=True)
+def test_webgpu_refuses_a_written_buffer_bound_twice(device):
+    @gw.kernel
+    def double(i: gw.index, out: gw.f32[:], a: gw.f32[:], n: gw.i32):
+        if i < n:
+            out[i] = a[i] * 2.0
+
+    with device.alloc(4) as a:
+        with pytest.raises(InvalidArgument, match="WebGPU cannot bind a written buffer twice"):
+            double.launch(4, a, a, 4)
