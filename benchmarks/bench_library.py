@@ -1,7 +1,7 @@
 """``gw.library`` against the best baseline in the same run: the tiled matmul (float32 and float64) against CuPy's
 (cuBLAS, TF32 off) or, without CUDA, NumPy's on the host; every memory-bound op (sum, max, argmax, cumsum, softmax,
 log_softmax, layer_norm, transpose) on every dtype the device holds against the device's own device-to-device copy
-bandwidth, at the same bytes (each dtype's array holds the bytes of float32's 16384 × 4096).
+bandwidth, at the same bytes (each dtype's rows hold the bytes of float32's 16384 × 4096: 16384 rows of 16 KiB).
 
 Run from the repository root: ``python benchmarks/bench_library.py [--device SPEC] [--quick] [--json out.json]
 [--dtypes float32,int32] [--ops sum,softmax] [--matmul float32]``.
@@ -202,8 +202,8 @@ def bench_memory(
     dev: gw.Device, rows: int, cols: int, pairs: int, inner: int, cuda: bool, dtypes: tuple[str, ...], ops: set[str]
 ) -> dict[str, Any]:
     """Every memory-bound op on every dtype the device holds, each ABBA against a device-to-device copy of x. Every
-    dtype's x has the bytes of float32's (rows, cols): ``rows`` scaled by 4 / itemsize."""
-    results: dict[str, Any] = {"rows_float32": rows, "cols": cols}
+    dtype's rows hold the bytes of float32's (rows, cols): ``cols`` scaled by 4 / itemsize."""
+    results: dict[str, Any] = {"rows": rows, "cols_float32": cols}
     for dtype in dtypes:
         lacks = dev.backend_device.lacks_type(dtype)
         if lacks:
@@ -211,30 +211,30 @@ def bench_memory(
             continue
         np_dtype = np.dtype(lib_dtype(dtype))
         s = np_dtype.itemsize
-        n_rows = rows * 4 // s
+        n_rows, n_cols = rows, cols * 4 // s
         r = 8 if dtype in INTEGERS else s  # the sum and scan of integers are int64
         rng = np.random.default_rng(1)
         if dtype in INTEGERS:
-            x_host = rng.integers(-1000, 1000, (n_rows, cols)).astype(np_dtype)
+            x_host = rng.integers(-1000, 1000, (n_rows, n_cols)).astype(np_dtype)
         else:
-            x_host = rng.standard_normal((n_rows, cols)).astype(np_dtype)
+            x_host = rng.standard_normal((n_rows, n_cols)).astype(np_dtype)
         sum_dtype = "int64" if dtype in INTEGERS else np_dtype
-        x = dev.alloc((n_rows, cols), np_dtype)
-        copy = dev.alloc((n_rows, cols), np_dtype)
+        x = dev.alloc((n_rows, n_cols), np_dtype)
+        copy = dev.alloc((n_rows, n_cols), np_dtype)
         outs = {
             "sum": dev.alloc(n_rows, sum_dtype),
             "max": dev.alloc(n_rows, np_dtype),
             "argmax": dev.alloc(n_rows, "int64"),
-            "cumsum": dev.alloc((n_rows, cols), sum_dtype),
-            "rows": dev.alloc((n_rows, cols), np_dtype),
-            "transpose": dev.alloc((cols, n_rows), np_dtype),
+            "cumsum": dev.alloc((n_rows, n_cols), sum_dtype),
+            "rows": dev.alloc((n_rows, n_cols), np_dtype),
+            "transpose": dev.alloc((n_cols, n_rows), np_dtype),
         }
-        gamma, beta = dev.alloc(cols, np_dtype), dev.alloc(cols, np_dtype)
+        gamma, beta = dev.alloc(n_cols, np_dtype), dev.alloc(n_cols, np_dtype)
         x.copy_from_host(x_host.reshape(-1))
-        gamma.copy_from_host(np.ones(cols, np_dtype))
-        beta.copy_from_host(np.zeros(cols, np_dtype))
+        gamma.copy_from_host(np.ones(n_cols, np_dtype))
+        beta.copy_from_host(np.zeros(n_cols, np_dtype))
         stream = dev.create_stream("bench-memory")
-        elements = n_rows * cols
+        elements = n_rows * n_cols
         nbytes = {
             "sum": s * elements + r * n_rows,
             "max": s * elements + s * n_rows,
@@ -242,7 +242,7 @@ def bench_memory(
             "cumsum": (s + r) * elements,
             "softmax": 2 * s * elements,
             "log_softmax": 2 * s * elements,
-            "layer_norm": 2 * s * (elements + cols),
+            "layer_norm": 2 * s * (elements + n_cols),
             "transpose": 2 * s * elements,
         }
         calls = _op_table(x, gamma, beta, stream, outs)
@@ -274,7 +274,7 @@ def bench_memory(
                     "met": ratio >= MEMORY_TARGET if cuda else None,
                 }
                 print(
-                    f"{op:11s} {dtype:8s} {n_rows}×{cols}: ours {ours_s * 1e3:.3f} ms ({ours_gbps:.0f} GB/s), d2d copy "
+                    f"{op:11s} {dtype:8s} {n_rows}×{n_cols}: ours {ours_s * 1e3:.3f} ms ({ours_gbps:.0f} GB/s), copy "
                     f"{copy_s * 1e3:.3f} ms ({copy_gbps:.0f} GB/s): {ratio * 100:.1f} % of the copy"
                     f"{'' if correct else '  RESULT WRONG'}",
                     flush=True,

@@ -20,9 +20,10 @@ stream = dev.create_stream("probe")
 for name in ("float32", "float16", "float64", "int32"):
     t = kernel_type(np.dtype(lib_dtype(name)))
     s = np.dtype(lib_dtype(name)).itemsize
-    rows, cols = 16384 * 4 // s, 4096
+    rows, cols = 16384, 4096 * 4 // s
     x, y, cp = (dev.alloc((rows, cols), lib_dtype(name)) for _ in range(3))
     sums = dev.alloc(rows, "int64" if name.startswith("int") else lib_dtype(name))
+    g, b = dev.alloc(cols, lib_dtype(name)), dev.alloc(cols, lib_dtype(name))
     x.copy_from_host(np.ones((rows, cols), lib_dtype(name)).reshape(-1))
     copier = repeat(lambda cp=cp, x=x: cp.copy_from(x, stream), 5, stream.synchronize)
     for u in (2, 4, 8, 16):
@@ -32,6 +33,7 @@ for name in ("float32", "float16", "float64", "int32"):
         }
         if not name.startswith("int"):
             kernels["softmax"] = (rk.row_softmax(t, u), (y, x, cols, 0), 2 * s * rows * cols)
+            kernels["layer_norm"] = (rk.row_layer_norm(t, u), (y, x, g, b, cols, 1e-5), 2 * s * rows * cols)
         for op, (k, args, nbytes) in kernels.items():
             if op == "cumsum" and name.startswith("int"):
                 continue
@@ -43,5 +45,5 @@ for name in ("float32", "float16", "float64", "int32"):
                 f"{nbytes / ours / (2 * s * rows * cols / copy):.3f} of the copy",
                 flush=True,
             )
-    for b in (x, y, cp, sums):
-        b.free()
+    for buf in (x, y, cp, sums, g, b):
+        buf.free()

@@ -56,6 +56,7 @@ class PythonKernel:
         self.cpu_strategy = "vectorised" if vectorised else "loop"
         self.cpu_strategy_reason = reason  # why the CPU backend loops over the index ("" when vectorised)
         self._cache: dict[tuple[int, tuple[int, ...] | None], Kernel] = {}
+        self._grids: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...], list[np.int32]]] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ source and compilation
@@ -140,16 +141,24 @@ class PythonKernel:
         if nx * ny == 0:
             return stream.record()
         language = device.caps.kernel_language
-        if language == "python":
-            grid: tuple[int, ...] = (1,) * self.ir.ndim
-        elif self.ir.ndim == 1:
-            groups = -(-nx // threads[0])
-            grid = (groups,)
-            if language == "wgsl" and groups > _WGSL_MAX_GROUPS:
-                grid = (_WGSL_MAX_GROUPS, -(-groups // _WGSL_MAX_GROUPS))
-        else:
-            grid = (-(-nx // threads[0]), -(-ny // threads[1]))
-        return self._run(device, stream, grid, threads, values, nx, ny, nbytes)
+        key = (nx, ny, threads, language)
+        found = self._grids.get(key)
+        if found is None:  # kept, so that a repeated launch passes the same grid and extents objects: Kernel.__call__
+            # then knows it for a repeat and skips its checks
+            if language == "python":
+                grid: tuple[int, ...] = (1,) * self.ir.ndim
+            elif self.ir.ndim == 1:
+                groups = -(-nx // threads[0])
+                grid = (groups,)
+                if language == "wgsl" and groups > _WGSL_MAX_GROUPS:
+                    grid = (_WGSL_MAX_GROUPS, -(-groups // _WGSL_MAX_GROUPS))
+            else:
+                grid = (-(-nx // threads[0]), -(-ny // threads[1]))
+            if len(self._grids) >= 256:
+                self._grids.clear()
+            found = self._grids[key] = (grid, threads, [np.int32(nx), np.int32(ny)][: self.ir.ndim])
+        grid, threads, extents = found
+        return self._run(device, stream, grid, threads, values, extents, nbytes)
 
     def __call__(
         self, grid: Sequence[int] | int, block: Sequence[int] | int, args: Sequence[Any], stream: Stream | None = None
@@ -168,7 +177,7 @@ class PythonKernel:
         nx = grid_t[0] * block_t[0]
         ny = grid_t[1] * block_t[1] if self.ir.ndim == 2 else 1
         device, stream, values = self._prepare(args, stream, nx, ny)
-        return self._run(device, stream, grid_t, block_t, values, nx, ny)
+        return self._run(device, stream, grid_t, block_t, values, [np.int32(nx), np.int32(ny)][: self.ir.ndim])
 
     def _run(
         self,
@@ -177,13 +186,11 @@ class PythonKernel:
         grid: tuple[int, ...],
         block: tuple[int, ...],
         values: list[Any],
-        nx: int,
-        ny: int,
+        extents: list[np.int32],
         nbytes: int = 0,
     ) -> Event:
         self._check_block(device, block)
         kernel = self.compile(device, block)
-        extents = [np.int32(nx), np.int32(ny)][: self.ir.ndim]
         return kernel(grid, block, [*values, *extents], stream=stream, name=self.name, nbytes=nbytes)
 
     def _check_block(self, device: Device, block: tuple[int, ...]) -> None:
