@@ -134,6 +134,53 @@ def bench_matmul(dev: gw.Device, n: int, pairs: int, inner: int, cuda: bool, dty
     return found
 
 
+def fma_peak_kernel() -> Any:
+    """A float64 kernel of 8 independent multiply-add chains per thread: the device's FP64 rate on its CUDA cores
+    (what any @gw.kernel can reach; cuBLAS's DGEMM also has the FP64 tensor cores)."""
+
+    @gw.kernel(name="fma_peak_f64")
+    def fma_peak_f64(i: gw.index, out: gw.f64[:], b: gw.f64, c: gw.f64, steps: gw.i32, n: gw.i32):
+        a0 = i * 1e-9
+        a1 = a0 + 1.0
+        a2 = a0 + 2.0
+        a3 = a0 + 3.0
+        a4 = a0 + 4.0
+        a5 = a0 + 5.0
+        a6 = a0 + 6.0
+        a7 = a0 + 7.0
+        for _ in range(steps):
+            a0 = a0 * b + c
+            a1 = a1 * b + c
+            a2 = a2 * b + c
+            a3 = a3 * b + c
+            a4 = a4 * b + c
+            a5 = a5 * b + c
+            a6 = a6 * b + c
+            a7 = a7 * b + c
+        if i < n:
+            out[i] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
+
+    return fma_peak_f64
+
+
+def bench_fp64_peak(dev: gw.Device, pairs: int) -> dict[str, Any]:
+    """GFLOP/s of fma_peak_kernel over 2**20 threads (8 per SM's 2048 slots on 132 SMs, and more), median of runs."""
+    n, steps = 1 << 20, 2048
+    kernel = fma_peak_kernel()
+    out = dev.alloc(n, "float64")
+    stream = dev.create_stream("bench-fma")
+    try:
+        run = repeat(lambda: kernel.launch(n, out, 0.999999, 1e-7, steps, n, stream=stream), 3, stream.synchronize)
+        run()
+        seconds, _ = abba(run, lambda: None, pairs, 3)
+    finally:
+        stream.close()
+        out.free()
+    gflops = 2.0 * 8 * steps * n / seconds / 1e9
+    print(f"float64 multiply-add chains on the CUDA cores: {gflops:.1f} GFLOP/s", flush=True)
+    return {"gflops": gflops, "threads": n, "steps": steps}
+
+
 FLOATS = ("float32", "float16", "bfloat16", "float64")
 INTEGERS = ("int32", "int64")
 FLOAT_OPS = ("sum", "max", "argmax", "cumsum", "softmax", "log_softmax", "layer_norm", "transpose")
@@ -328,6 +375,11 @@ def main() -> None:
             print(f"matmul {dtype}: {lacks}; skipped")
         else:
             matmuls[dtype] = bench_matmul(dev, n, pairs, inner, cuda, dtype)
+    if cuda and "float64" in matmuls:
+        f64 = matmuls["float64"]
+        f64["fp64_fma_peak"] = peak = bench_fp64_peak(dev, pairs)
+        print(f"matmul float64 at {f64['ours_gflops'] / peak['gflops']:.1%} of that; cuBLAS's DGEMM (FP64 tensor "
+              f"cores) at {f64['baseline_gflops'] / peak['gflops']:.1%}")  # fmt: skip
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
         "device": dev.spec,

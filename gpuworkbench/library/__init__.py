@@ -24,6 +24,7 @@ size each op beats NumPy, and the advice ``too-small-for-gpu`` compares the span
 from __future__ import annotations
 
 import builtins
+import math
 from typing import Any
 
 import numpy as np
@@ -65,7 +66,7 @@ def _rows(call: Call, name: str, axis: int | None) -> tuple[int, int, tuple[int,
     """(rows, cols, the shape the rows reduce to) for an op along the last axis (or over everything: axis=None)."""
     shape = call.shape(name)
     if axis is None:
-        return 1, int(np.prod(shape, dtype=np.int64)), ()
+        return 1, math.prod(shape), ()
     if not shape:
         raise InvalidArgument(f"{call.op}: {name} is 0-d; it has no axis {axis}")
     if axis not in (-1, len(shape) - 1):
@@ -74,7 +75,7 @@ def _rows(call: Call, name: str, axis: int | None) -> tuple[int, int, tuple[int,
             f"{name} {shape}; move the axis last (np.moveaxis or gw.library.transpose) first"
         )
     cols = shape[-1]
-    return int(np.prod(shape[:-1], dtype=np.int64)), cols, shape[:-1]
+    return math.prod(shape[:-1]), cols, shape[:-1]
 
 
 def _launch_rows(kernel: Any, call: Call, rows: int, nbytes: int, *args: Any) -> None:

@@ -6,10 +6,9 @@ CUDA C, OpenCL C, WGSL and NumPy compute the same thing; a generator only spells
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from .ktypes import ITEMSIZE
 
@@ -210,7 +209,7 @@ class KernelIR:
     @property
     def shared_bytes(self) -> int:
         """Bytes of workgroup-shared memory one block holds."""
-        return sum(int(np.prod(p.shape)) * ITEMSIZE[p.type] for p in self.shared)
+        return sum(math.prod(p.shape) * ITEMSIZE[p.type] for p in self.shared)
 
     @property
     def arguments(self) -> list[Param]:

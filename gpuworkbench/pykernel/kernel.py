@@ -7,6 +7,7 @@ Launching checks the arguments against the signature, picks the grid for the lau
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,7 @@ class PythonKernel:
         self.cpu_strategy = "vectorised" if vectorised else "loop"
         self.cpu_strategy_reason = reason  # why the CPU backend loops over the index ("" when vectorised)
         self._cache: dict[tuple[int, tuple[int, ...] | None], Kernel] = {}
+        self._fits: set[tuple[int, tuple[int, ...]]] = set()  # (id(device), block) found to fit the device
         self._grids: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...], list[np.int32]]] = {}
         self._lock = threading.Lock()
 
@@ -194,9 +196,13 @@ class PythonKernel:
         return kernel(grid, block, [*values, *extents], stream=stream, name=self.name, nbytes=nbytes)
 
     def _check_block(self, device: Device, block: tuple[int, ...]) -> None:
-        """InvalidArgument for a block larger than ``device`` runs: threads in all, per axis, shared bytes."""
+        """InvalidArgument for a block larger than ``device`` runs: threads in all, per axis, shared bytes. A block
+        that fits is remembered per device: the launch path checks it once."""
+        key = (id(device), block)
+        if key in self._fits:
+            return
         limits = device.backend_device.kernel_limits()
-        threads = int(np.prod(block))
+        threads = math.prod(block)
         where = f"{device.spec} ({device.name})"
         if threads > limits.threads:
             raise InvalidArgument(
@@ -212,6 +218,9 @@ class PythonKernel:
                 f"{self.name}: its shared arrays take {self.ir.shared_bytes} B per block; {where} has "
                 f"{limits.shared_bytes} B of shared memory per block"
             )
+        if len(self._fits) >= 256:
+            self._fits.clear()
+        self._fits.add(key)
 
     def _prepare(
         self, args: Sequence[Any], stream: Stream | None, nx: int, ny: int
@@ -292,6 +301,12 @@ def _shape(shape: Any, ndim: int, name: str) -> tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
+@functools.cache
+def _int_range(dtype: np.dtype) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
 def _scalar(value: Any, p: Param, name: str) -> Any:
     """``value`` as the parameter's NumPy type; refuses what would change it (2.5 for an i32, 2**40 for a u32)."""
     dtype = numpy_dtype(p.type)
@@ -302,8 +317,8 @@ def _scalar(value: Any, p: Param, name: str) -> Any:
     if dtype.kind in "iu":
         if float(value) != int(value):
             raise InvalidArgument(f"{name}: argument {p.name!r} is {p.annotation!r}; {value!r} is not a whole number")
-        info = np.iinfo(dtype)
-        if not info.min <= int(value) <= info.max:
+        low, high = _int_range(dtype)
+        if not low <= int(value) <= high:
             raise InvalidArgument(f"{name}: argument {p.name!r} is {p.annotation!r}; {value!r} does not fit")
         return dtype.type(int(value))
     return dtype.type(value)
