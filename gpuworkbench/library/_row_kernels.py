@@ -134,11 +134,16 @@ def row_argmax(ty: str = "f32", index: str = "i64", u: int = 0) -> PythonKernel:
         full = cols // (U * ROW)
         for t in range(full):
             base = t * (U * ROW) + lid
+            cb = VAL(LOWEST)  # the step's own best, then merged: fewer tests per value
+            ci = base
             for u in range(U):
                 v = x[row, base + u * ROW]
-                if where == cols or v > best or (NANS and v != v and best == best):
-                    best = v
-                    where = base + u * ROW
+                if u == 0 or v > cb or (NANS and v != v and cb == cb):
+                    cb = v
+                    ci = base + u * ROW
+            if where == cols or cb > best or (NANS and cb != cb and best == best):
+                best = cb
+                where = ci
         for t in range(full * U, (cols + ROW - 1) // ROW):
             c = t * ROW + lid
             if c < cols:
@@ -328,10 +333,12 @@ def row_cumsum(ty: str = "f32", u: int = 0, distinct: bool = True) -> PythonKern
     @gw.kernel(name=kernel_name("row_cumsum", ty), block=ROW, distinct=distinct)
     def row_cumsum(i: gw.index, out: OUT[:, gw.width.cols], x: T[:, gw.width.cols], cols: gw.i32):
         """Inclusive prefix sums of each row, CHUNK elements at a time: read coalesced into shared memory, each
-        thread scans U neighbouring values, the threads' totals are scanned (Hillis-Steele), each thread adds the
-        totals before its own and the running total of the chunks before, and the chunk is written coalesced."""
+        thread scans U neighbouring values, the threads' totals are scanned (Hillis-Steele, the rounds alternating
+        between two arrays), each thread adds the totals before its own and the running total of the chunks before,
+        and the chunk is written coalesced."""
         buf = gw.shared(PADDED, ACC)
         scan = gw.shared(ROW, ACC)
+        other = gw.shared(ROW, ACC)
         lid = gw.local_id(0)
         row = gw.group_id(0)
         carry = ACC(0)
@@ -350,12 +357,11 @@ def row_cumsum(ty: str = "f32", u: int = 0, distinct: bool = True) -> PythonKern
             scan[lid] = run
             gw.barrier()
             offset = 1
-            for _ in range(HALVINGS):
-                v = scan[lid]
-                if lid >= offset:
-                    v += scan[lid - offset]
-                gw.barrier()  # every thread has read before any writes
-                scan[lid] = v
+            for _ in range(HALVINGS // 2):  # two rounds at a time, between scan and other: one barrier per round
+                other[lid] = scan[lid] + scan[lid - offset] if lid >= offset else scan[lid]
+                gw.barrier()
+                offset *= 2
+                scan[lid] = other[lid] + other[lid - offset] if lid >= offset else other[lid]
                 gw.barrier()
                 offset *= 2
             before = carry + (scan[max(lid, 1) - 1] if lid > 0 else ACC(0))

@@ -34,8 +34,11 @@ _HALF_HELPERS = {
     ("cuda", "bf16", "f32"): "return __uint_as_float(((unsigned int)h) << 16);",
     ("opencl", "bf16", "f32"): "return as_float(((uint)h) << 16);",
     # round to nearest even; a NaN stays a (quiet) NaN
-    ("cuda", "f32", "bf16"): "unsigned int u = __float_as_uint(f); return (unsigned short)((u & 0x7fffffffu) > "
-    "0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
+    # (sm_80 and later have the instruction; HIP and older GPUs take the arithmetic)
+    ("cuda", "f32", "bf16"): "\n#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800\n"
+    'unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;\n#else\n'
+    "unsigned int u = __float_as_uint(f); return (unsigned short)((u & 0x7fffffffu) > "
+    "0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n#endif\n",
     ("opencl", "f32", "bf16"): "uint u = as_uint(f); return (ushort)((u & 0x7fffffffu) > 0x7f800000u ? "
     "(u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
 }
