@@ -134,16 +134,11 @@ def row_argmax(ty: str = "f32", index: str = "i64", u: int = 0) -> PythonKernel:
         full = cols // (U * ROW)
         for t in range(full):
             base = t * (U * ROW) + lid
-            cb = VAL(LOWEST)  # the step's own best, then merged: fewer tests per value
-            ci = base
             for u in range(U):
                 v = x[row, base + u * ROW]
-                if u == 0 or v > cb or (NANS and v != v and cb == cb):
-                    cb = v
-                    ci = base + u * ROW
-            if where == cols or cb > best or (NANS and cb != cb and best == best):
-                best = cb
-                where = ci
+                if where == cols or v > best or (NANS and v != v and best == best):
+                    best = v
+                    where = base + u * ROW
         for t in range(full * U, (cols + ROW - 1) // ROW):
             c = t * ROW + lid
             if c < cols:
