@@ -32,6 +32,9 @@ Types follow C's arithmetic conversions (i32 op u32 → u32, int op f32 → f32)
 that write the same element race as on a GPU, and what C leaves undefined stays so (integer division by zero, a float
 out of an integer's range converted to it): backends differ there.
 
+**Arrays that never overlap**: ``@gw.kernel(distinct=True)`` promises it (C's ``restrict`` in CUDA and OpenCL C), so
+that the compiler may issue loads ahead of stores; a launch passing one buffer twice raises InvalidArgument.
+
 **Stencils**: ``a.at(dx, dy)`` reads the neighbour at an offset from the thread's own ``(x, y)`` in an array of the
 launch shape, clamped to the edges (the edge value repeats outwards, so any halo width works); ``a.at(dx)`` in 1-D.
 
