@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -315,6 +316,8 @@ class Buffer:
         self.free()
 
     def __del__(self) -> None:
+        if sys.is_finalizing():  # the process ends: its memory goes with it, and the streams that would finish this
+            return  # buffer's ops may be gone already (waiting on them hung the exit)
         try:
             if not getattr(self, "_freed", True):
                 self.free()

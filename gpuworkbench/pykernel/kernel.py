@@ -57,6 +57,7 @@ class PythonKernel:
         self.cpu_strategy = "vectorised" if vectorised else "loop"
         self.cpu_strategy_reason = reason  # why the CPU backend loops over the index ("" when vectorised)
         self._cache: dict[tuple[int, tuple[int, ...] | None], Kernel] = {}
+        self._launches: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # launches seen, for repeats (see launch)
         self._fits: set[tuple[int, tuple[int, ...]]] = set()  # (id(device), block) found to fit the device
         self._grids: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...], list[np.int32]]] = {}
         self._lock = threading.Lock()
@@ -125,6 +126,22 @@ class PythonKernel:
         ``block`` (threads per block, x first) defaults to the kernel's; a cooperative kernel's ``shape`` must be a
         multiple of it; ``nbytes`` (what the launch reads and writes, where known) goes to the trace's ``bytes``.
         Non-blocking; returns an Event."""
+        # A launch like an earlier one (the same shape, block, stream, buffers and scalar values) skips the checks and
+        # goes straight to the compiled Kernel with the arguments it converted then. Buffers are not kept: the entry
+        # holds while Buffer.frees is unchanged (a Buffer dies only through free, which counts), as Kernel's own do.
+        try:
+            key = (shape if type(shape) is int else tuple(shape), id(stream), block if block is None or type(block)
+                   is int else tuple(block), *[id(a) if type(a) is Buffer else (type(a), a) for a in args])  # fmt: skip
+            hit = self._launches.get(key)
+        except TypeError:  # an unhashable argument: the full path says what is wrong
+            key = hit = None
+        if hit is not None and hit[0] == Buffer.frees:
+            _, on, kernel, grid, threads, template, positions = hit
+            values = template.copy()
+            for i in positions:
+                values[i] = args[i]
+            return kernel(grid, threads, values, stream=on, name=self.name, nbytes=nbytes)
+        frees = Buffer.frees  # before the checks: a buffer freed during them makes the entry stale
         dims = _shape(shape, self.ir.ndim, self.name)
         nx, ny = (dims[0], 1) if self.ir.ndim == 1 else (dims[1], dims[0])
         threads = self._block(block)
@@ -143,8 +160,8 @@ class PythonKernel:
         if nx * ny == 0:
             return stream.record()
         language = device.caps.kernel_language
-        key = (nx, ny, threads, language)
-        found = self._grids.get(key)
+        shape_key = (nx, ny, threads, language)
+        found = self._grids.get(shape_key)
         if found is None:  # kept, so that a repeated launch passes the same grid and extents objects: Kernel.__call__
             # then knows it for a repeat and skips its checks
             if language == "python":
@@ -158,9 +175,16 @@ class PythonKernel:
                 grid = (-(-nx // threads[0]), -(-ny // threads[1]))
             if len(self._grids) >= 256:
                 self._grids.clear()
-            found = self._grids[key] = (grid, threads, [np.int32(nx), np.int32(ny)][: self.ir.ndim])
+            found = self._grids[shape_key] = (grid, threads, [np.int32(nx), np.int32(ny)][: self.ir.ndim])
         grid, threads, extents = found
-        return self._run(device, stream, grid, threads, values, extents, nbytes)
+        event = self._run(device, stream, grid, threads, values, extents, nbytes)
+        if key is not None and stream.capturing is None:
+            if len(self._launches) >= 256:
+                self._launches.clear()
+            positions = tuple(i for i, a in enumerate(values) if type(a) is Buffer)
+            template = [None if type(a) is Buffer else a for a in values] + extents
+            self._launches[key] = (frees, stream, self.compile(device, threads), grid, threads, template, positions)
+        return event
 
     def __call__(
         self, grid: Sequence[int] | int, block: Sequence[int] | int, args: Sequence[Any], stream: Stream | None = None

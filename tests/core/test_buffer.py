@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 import weakref
 
@@ -179,3 +181,30 @@ def test_no_cuda_array_interface_without_device_pointers(device):
             assert not hasattr(buf, "__cuda_array_interface__")
     if not device.caps.device_pointers:
         assert not hasattr(buf, "__cuda_array_interface__")  # freed: still absent, not an error
+
+
+LEFT_BEHIND = """
+import numpy as np
+import gpuworkbench as gw
+
+@gw.kernel
+def scale(i: gw.index, y: gw.f32[:], x: gw.f32[:], a: gw.f32, n: gw.i32):
+    if i < n:
+        y[i] = a * x[i]
+
+dev = gw.Device("cpu")
+x, y = dev.alloc(1 << 16), dev.alloc(1 << 16)
+for _ in range(20):
+    scale.launch(1 << 16, y, x, 2.0, 1 << 16)
+print("returned")
+"""
+
+
+def test_a_script_that_leaves_buffers_with_pending_ops_ends(tmp_path):
+    """Buffers never freed, ops maybe still queued: the interpreter's exit neither waits on the streams' gone
+    workers nor hangs (it did, most runs, when the finaliser waited for their ops)."""
+    script = tmp_path / "left_behind.py"
+    script.write_text(LEFT_BEHIND)
+    for _ in range(3):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "returned" in done.stdout, done.stderr

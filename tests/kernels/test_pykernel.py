@@ -562,3 +562,33 @@ def test_wgsl_keeps_a_compound_row_index_one_operand():
 
     source = shift_down.source("wgsl")
     assert "a[(y + 1i) * gw_args.gw_nx + x]" in source, source
+
+
+@every_backend
+def test_a_repeated_launch_skips_the_checks_until_a_buffer_is_freed(device, monkeypatch):
+    @gw.kernel
+    def scale(i: gw.index, y: gw.f32[:], x: gw.f32[:], a: gw.f32, n: gw.i32):
+        if i < n:
+            y[i] = a * x[i]
+
+    checks = []
+    full = scale._prepare
+    monkeypatch.setattr(scale, "_prepare", lambda *a: checks.append(1) or full(*a))
+    x, y = device.alloc(8), device.alloc(8)
+    x.copy_from_host(np.arange(8, dtype=np.float32))
+    for _ in range(3):
+        scale.launch(8, y, x, 2.0, 8)
+    assert len(checks) == 1 and np.array_equal(y.copy_to_host(), 2 * np.arange(8))
+    scale.launch(8, y, x, 3.0, 8)  # another scalar value: checked again
+    assert len(checks) == 2 and np.array_equal(y.copy_to_host(), 3 * np.arange(8))
+    x.free()  # every entry is stale now: the next launch is checked, and a freed buffer is refused
+    with pytest.raises(gw.GpuError):
+        scale.launch(8, y, x, 3.0, 8)
+    z = device.alloc(8)
+    z.copy_from_host(np.ones(8, np.float32))
+    scale.launch(8, y, z, 3.0, 8)
+    assert np.array_equal(y.copy_to_host(), np.full(8, 3.0))
+    with pytest.raises(gw.InvalidArgument, match="the buffer holds int32"):
+        scale.launch(8, y, device.alloc(8, "int32"), 3.0, 8)
+    y.free()
+    z.free()

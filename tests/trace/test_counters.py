@@ -108,8 +108,9 @@ def test_the_sampler_ends_with_the_trace(sampled):
     while f"gpuworkbench-counters-{t.id}" in counter_threads() and time.monotonic() < deadline:
         time.sleep(0.01)  # nobody reads it: the thread ends by itself
     assert f"gpuworkbench-counters-{t.id}" not in counter_threads()
-    c = t.counters()  # a trace shorter than a period has its first and its last sample of each counter
-    assert sorted(c["name"].tolist()) == sorted([*HOST_COUNTERS, *HOST_COUNTERS])
+    c = t.counters()  # however short the trace (a loaded host may stretch it past a period), it has a first and a
+    names = c["name"].tolist()  # last sample of each counter
+    assert set(names) == set(HOST_COUNTERS) and all(names.count(n) >= 2 for n in HOST_COUNTERS), names
 
 
 def test_without_counters_nothing_is_sampled_and_no_thread_starts():
