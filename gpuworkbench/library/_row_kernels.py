@@ -130,20 +130,23 @@ def row_argmax(ty: str = "f32", index: str = "i64", u: int = 0) -> PythonKernel:
         lid = gw.local_id(0)
         row = gw.group_id(0)
         best = VAL(LOWEST)
-        where = cols  # none yet: any element beats it
+        where = cols  # none: loses every tie (a thread past a short row's end keeps it)
+        if lid < cols:  # the thread's first value: the loops below need not test for "none yet"
+            best = x[row, lid]
+            where = lid
         full = cols // (U * ROW)
         for t in range(full):
             base = t * (U * ROW) + lid
             for u in range(U):
                 v = x[row, base + u * ROW]
-                if where == cols or v > best or (NANS and v != v and best == best):
+                if v > best or (NANS and v != v and best == best):
                     best = v
                     where = base + u * ROW
         for t in range(full * U, (cols + ROW - 1) // ROW):
             c = t * ROW + lid
             if c < cols:
                 v = x[row, c]
-                if where == cols or v > best or (NANS and v != v and best == best):
+                if v > best or (NANS and v != v and best == best):
                     best = v
                     where = c
         val[lid] = best
@@ -320,56 +323,84 @@ def row_layer_norm(ty: str = "f32", u: int = 0, distinct: bool = True) -> Python
 
 
 @functools.cache
-def row_cumsum(ty: str = "f32", u: int = 0, distinct: bool = True) -> PythonKernel:
-    T, ACC, OUT, U = SCALAR_TYPES[ty], acc_type(ty), SCALAR_TYPES[sum_type(ty)], u or SCAN_UNROLL
-    CHUNK = U * ROW
-    PADDED = CHUNK + CHUNK // 32  # a gap after every 32 values: a thread's U neighbours fall in different banks
+def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
+    T, ACC, OUT = SCALAR_TYPES[ty], acc_type(ty), SCALAR_TYPES[sum_type(ty)]
+    CHUNK = SCAN_UNROLL * ROW
+    PADDED = CHUNK + CHUNK // 32  # a gap after every 32 values: a thread's 8 neighbours fall in different banks
+    RAKES = ROW // SCAN_UNROLL  # threads that scan the threads' totals, 8 each
+    assert SCAN_UNROLL == 8 and RAKES == 32  # the body below is written for 8 values per thread and 32 rakes
 
     @gw.kernel(name=kernel_name("row_cumsum", ty), block=ROW, distinct=distinct)
     def row_cumsum(i: gw.index, out: OUT[:, gw.width.cols], x: T[:, gw.width.cols], cols: gw.i32):
-        """Inclusive prefix sums of each row, CHUNK elements at a time: read coalesced into shared memory, each
-        thread scans U neighbouring values, the threads' totals are scanned (Hillis-Steele, the rounds alternating
-        between two arrays), each thread adds the totals before its own and the running total of the chunks before,
-        and the chunk is written coalesced."""
+        """Inclusive prefix sums of each row, CHUNK values at a time: read coalesced into shared memory; each thread
+        scans its 8 neighbouring values in registers; the 256 totals are scanned by 32 threads, 8 each (raking),
+        whose 32 sums are scanned in 5 rounds (Hillis-Steele, alternating between two arrays); each thread adds what
+        comes before it (the chunks before, the totals before its own) and the chunk is written coalesced."""
         buf = gw.shared(PADDED, ACC)
-        scan = gw.shared(ROW, ACC)
-        other = gw.shared(ROW, ACC)
+        tot = gw.shared(PADDED // SCAN_UNROLL, ACC)  # the threads' totals, padded as buf is
+        ra = gw.shared(RAKES, ACC)
+        rb = gw.shared(RAKES, ACC)
         lid = gw.local_id(0)
         row = gw.group_id(0)
+        p = lid * 8 + lid // 4  # where this thread's 8 neighbours start in buf (and its 8 rakes' totals in tot)
+        q = lid + lid // 32  # where this thread's total sits in tot
         carry = ACC(0)
         for t in range((cols + CHUNK - 1) // CHUNK):
             base = t * CHUNK
-            for u in range(U):
+            for u in range(SCAN_UNROLL):
                 j = u * ROW + lid
                 c = base + j
                 buf[j + j // 32] = x[row, c] if c < cols else 0
             gw.barrier()
-            run = ACC(0)
-            for u in range(U):
-                j = lid * U + u
-                run += buf[j + j // 32]
-                buf[j + j // 32] = run
-            scan[lid] = run
+            r0 = buf[p]
+            r1 = r0 + buf[p + 1]
+            r2 = r1 + buf[p + 2]
+            r3 = r2 + buf[p + 3]
+            r4 = r3 + buf[p + 4]
+            r5 = r4 + buf[p + 5]
+            r6 = r5 + buf[p + 6]
+            r7 = r6 + buf[p + 7]
+            tot[q] = r7
             gw.barrier()
-            offset = 1
-            for _ in range(HALVINGS // 2):  # two rounds at a time, between scan and other: one barrier per round
-                other[lid] = scan[lid] + scan[lid - offset] if lid >= offset else scan[lid]
-                gw.barrier()
-                offset *= 2
-                scan[lid] = other[lid] + other[lid - offset] if lid >= offset else other[lid]
-                gw.barrier()
-                offset *= 2
-            before = carry + (scan[max(lid, 1) - 1] if lid > 0 else ACC(0))
-            for u in range(U):
-                j = lid * U + u
-                buf[j + j // 32] += before
+            if lid < RAKES:  # thread lid scans the totals of threads 8·lid ... 8·lid + 7 in place
+                run = ACC(0)
+                for u in range(SCAN_UNROLL):
+                    run += tot[p + u]
+                    tot[p + u] = run
+                ra[lid] = run
             gw.barrier()
-            for u in range(U):
+            if lid < RAKES:
+                rb[lid] = ra[lid] + ra[lid - 1] if lid >= 1 else ra[lid]
+            gw.barrier()
+            if lid < RAKES:
+                ra[lid] = rb[lid] + rb[lid - 2] if lid >= 2 else rb[lid]
+            gw.barrier()
+            if lid < RAKES:
+                rb[lid] = ra[lid] + ra[lid - 4] if lid >= 4 else ra[lid]
+            gw.barrier()
+            if lid < RAKES:
+                ra[lid] = rb[lid] + rb[lid - 8] if lid >= 8 else rb[lid]
+            gw.barrier()
+            if lid < RAKES:
+                rb[lid] = ra[lid] + ra[lid - 16] if lid >= 16 else ra[lid]
+            gw.barrier()
+            g = lid // 8  # the rake that scanned this thread's total
+            before = carry + tot[q] - r7 + (rb[max(g, 1) - 1] if g > 0 else ACC(0))
+            buf[p] = r0 + before
+            buf[p + 1] = r1 + before
+            buf[p + 2] = r2 + before
+            buf[p + 3] = r3 + before
+            buf[p + 4] = r4 + before
+            buf[p + 5] = r5 + before
+            buf[p + 6] = r6 + before
+            buf[p + 7] = r7 + before
+            gw.barrier()
+            for u in range(SCAN_UNROLL):
                 j = u * ROW + lid
                 c = base + j
                 if c < cols:
                     out[row, c] = buf[j + j // 32]
-            carry += scan[ROW - 1]
+            carry += rb[RAKES - 1]
             gw.barrier()  # every thread has read the chunk and its total before the next chunk overwrites them
 
     return row_cumsum
