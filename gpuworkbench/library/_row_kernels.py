@@ -130,23 +130,20 @@ def row_argmax(ty: str = "f32", index: str = "i64", u: int = 0) -> PythonKernel:
         lid = gw.local_id(0)
         row = gw.group_id(0)
         best = VAL(LOWEST)
-        where = cols  # none: loses every tie (a thread past a short row's end keeps it)
-        if lid < cols:  # the thread's first value: the loops below need not test for "none yet"
-            best = x[row, lid]
-            where = lid
+        where = cols  # none yet: any element beats it
         full = cols // (U * ROW)
         for t in range(full):
             base = t * (U * ROW) + lid
             for u in range(U):
                 v = x[row, base + u * ROW]
-                if v > best or (NANS and v != v and best == best):
+                if where == cols or v > best or (NANS and v != v and best == best):
                     best = v
                     where = base + u * ROW
         for t in range(full * U, (cols + ROW - 1) // ROW):
             c = t * ROW + lid
             if c < cols:
                 v = x[row, c]
-                if v > best or (NANS and v != v and best == best):
+                if where == cols or v > best or (NANS and v != v and best == best):
                     best = v
                     where = c
         val[lid] = best
