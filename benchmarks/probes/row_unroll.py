@@ -17,19 +17,21 @@ from gpuworkbench.pykernel.ktypes import kernel_type  # noqa: E402
 
 dev = gw.Device("cuda:0")
 stream = dev.create_stream("probe")
-for name in ("float32", "float16", "float64", "int32"):
+for name in sys.argv[1:] or ("float32", "float16", "float64", "int32"):
     t = kernel_type(np.dtype(lib_dtype(name)))
     s = np.dtype(lib_dtype(name)).itemsize
     rows, cols = 16384, 4096 * 4 // s
     x, y, cp = (dev.alloc((rows, cols), lib_dtype(name)) for _ in range(3))
     sums = dev.alloc(rows, "int64" if name.startswith("int") else lib_dtype(name))
     g, b = dev.alloc(cols, lib_dtype(name)), dev.alloc(cols, lib_dtype(name))
+    idx = dev.alloc(rows, "int64")
     x.copy_from_host(np.ones((rows, cols), lib_dtype(name)).reshape(-1))
     copier = repeat(lambda cp=cp, x=x: cp.copy_from(x, stream), 5, stream.synchronize)
     for u in (2, 4, 8, 16):
         kernels = {
             "sum": (rk.row_sum(t, u), (sums, x, cols), s * rows * cols),
             "cumsum": (rk.row_cumsum(t), (y, x, cols), 2 * s * rows * cols),  # 8 per thread, fixed
+            "argmax": (rk.row_argmax(t, "i64", u), (idx, x, cols), s * rows * cols),
         }
         if not name.startswith("int"):
             kernels["softmax"] = (rk.row_softmax(t, u), (y, x, cols, 0), 2 * s * rows * cols)
@@ -45,5 +47,5 @@ for name in ("float32", "float16", "float64", "int32"):
                 f"{nbytes / ours / (2 * s * rows * cols / copy):.3f} of the copy",
                 flush=True,
             )
-    for buf in (x, y, cp, sums, g, b):
+    for buf in (x, y, cp, sums, g, b, idx):
         buf.free()
