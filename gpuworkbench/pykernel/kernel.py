@@ -58,7 +58,7 @@ class PythonKernel:
         self.cpu_strategy_reason = reason  # why the CPU backend loops over the index ("" when vectorised)
         self._cache: dict[tuple[int, tuple[int, ...] | None], Kernel] = {}
         self._launches: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # launches seen, for repeats (see launch)
-        self._fits: set[tuple[int, tuple[int, ...]]] = set()  # (id(device), block) found to fit the device
+        self._fits: set[tuple[Any, ...]] = set()  # (id(device), its kind, block) found to fit the device
         self._grids: dict[tuple[Any, ...], tuple[tuple[int, ...], tuple[int, ...], list[np.int32]]] = {}
         self._lock = threading.Lock()
 
@@ -222,7 +222,7 @@ class PythonKernel:
     def _check_block(self, device: Device, block: tuple[int, ...]) -> None:
         """InvalidArgument for a block larger than ``device`` runs: threads in all, per axis, shared bytes. A block
         that fits is remembered per device: the launch path checks it once."""
-        key = (id(device), block)
+        key = (id(device), device.backend_kind, block)  # the kind too: a later device may reuse a closed one's id
         if key in self._fits:
             return
         limits = device.backend_device.kernel_limits()
