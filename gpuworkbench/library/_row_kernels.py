@@ -1,10 +1,12 @@
 """The library's row kernels (sum, max, argmax, cumsum, softmax, layer norm), each written once with ``@gw.kernel``.
 
-One block of ``ROW`` threads per row. Each thread walks the row ``unroll(t)`` elements at a time: ``unroll`` loads
-ROW apart (coalesced across the block) issued before any is used, so that enough bytes are in flight to keep the
-memory busy (16 bytes per thread and step, 32 for 8-byte types), then a tail one element at a time. Every thread runs
-the same number of steps, so the CPU runs them vectorised. The block then combines its threads' partial results in
-shared memory by halving (``HALVINGS`` rounds). Whole-array reductions are one row.
+One block of ``ROW`` threads per row. Each thread walks the row a step of several elements at a time: loads ROW apart
+(coalesced across the block) issued before any is used, so that enough bytes are in flight to keep the memory busy
+(``unroll``: 16 bytes per thread and step for sum and max; ``unroll_rows``: 32 for argmax, softmax and layer norm,
+which test or compute more per value), then a tail one element at a time. Every thread runs the same number of
+steps, so the CPU runs them vectorised. The block then combines its threads' partial results in shared memory by
+halving (``HALVINGS`` rounds). Whole-array reductions are one row. Cumsum goes a chunk of ``SCAN_UNROLL`` × ROW
+values at a time through shared memory (see ``row_cumsum``).
 
 Softmax reads its row once for the maximum and the sum together (a running sum rescaled when the maximum grows) and
 once more to write; layer norm gathers mean and squared deviations in one read (chunks of ``unroll`` values, merged
@@ -33,12 +35,13 @@ def unroll(t: str) -> int:
 
 
 def unroll_rows(t: str) -> int:
-    """The same for softmax and layer norm, which compute more per value: 32 bytes' worth, at least 4 (measured on an
-    H200 with benchmarks/probes/row_unroll.py: float32 0.80 of the copy at 4, 0.85 at 8; float64 best at 4)."""
+    """The same for argmax, softmax and layer norm, which test or compute more per value: 32 bytes' worth, at least 4
+    (measured on an H200 with benchmarks/probes/row_unroll.py: float32 softmax 0.80 of the copy at 4, 0.85 at 8;
+    float64 best at 4; 16-bit argmax 0.79 at 16, 0.76 at 8)."""
     return max(4, 32 // ITEMSIZE[t])
 
 
-SCAN_UNROLL = 8  # cumsum's values per thread and chunk, for every type (the probe's best for 2-, 4- and 8-byte types)
+SCAN_UNROLL = 8  # cumsum's values per thread and chunk, every type (row_cumsum's body is written for 8)
 
 
 @functools.cache
