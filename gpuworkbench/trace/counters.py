@@ -34,7 +34,8 @@ CAPACITY = 1_000_000
 #: How long a reader waits for a stopped sampler's last sample.
 JOIN_S = 2.0
 #: A sample this soon after the one before (in periods) is not taken again as the trace stops, unless that one was the
-#: first (which has no CPU share: a trace shorter than a period has its first and its last sample of each counter).
+#: first (which has no CPU share: a trace shorter than a period has its first and its last sample of each counter;
+#: one that stops before the sampler's thread took its first samples has its last ones only).
 FRESH = 0.25
 
 

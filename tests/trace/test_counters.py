@@ -104,6 +104,8 @@ def test_the_sampler_ends_with_the_trace(sampled):
         while f"gpuworkbench-counters-{t.id}" not in counter_threads() and time.monotonic() < deadline:
             time.sleep(0.001)  # a pooled thread takes the sampler's name as it picks the loop up
         assert f"gpuworkbench-counters-{t.id}" in counter_threads()
+        while not len(t.counters()["name"]) and time.monotonic() < deadline:
+            time.sleep(0.001)  # its first samples: a trace stopped before them has its last ones only
     deadline = time.monotonic() + 5
     while f"gpuworkbench-counters-{t.id}" in counter_threads() and time.monotonic() < deadline:
         time.sleep(0.01)  # nobody reads it: the thread ends by itself
