@@ -36,6 +36,7 @@ from ..streams import Stream
 from . import _kernels as k
 from . import _row_kernels as rk
 from ._call import NUMBERS, Call
+from ._held_rows import hold_bytes, row_layer_norm_held, row_softmax_held
 
 __all__ = ["argmax", "cumsum", "layer_norm", "log_softmax", "matmul", "max", "softmax", "sum", "transpose"]
 
@@ -76,6 +77,15 @@ def _rows(call: Call, name: str, axis: int | None) -> tuple[int, int, tuple[int,
         )
     cols = shape[-1]
     return math.prod(shape[:-1]), cols, shape[:-1]
+
+
+def _held(call: Call, cols: int) -> int:
+    """The shared bytes that hold a row of ``cols`` values for the held-row kernels, 0 where it does not fit them or
+    the device's shared memory (with the block's reduction array beside it)."""
+    hold = hold_bytes(call.type, cols)
+    if hold and hold + rk.ROW * 8 > call.device.backend_device.kernel_limits().shared_bytes:
+        return 0
+    return hold
 
 
 def _launch_rows(kernel: Any, call: Call, rows: int, nbytes: int, *args: Any) -> None:
@@ -138,7 +148,12 @@ def _softmax(op: str, x: Array, out: Array | None, device: Any, stream: Any, tak
         rows, cols, _ = _rows(call, "x", -1)
         result = call.output(out, call.shape("x"))
         nbytes = 2 * ITEMSIZE[call.type] * rows * cols
-        kernel = rk.row_softmax(call.type, distinct=result is not call.buffer("x"))
+        distinct = result is not call.buffer("x")
+        hold = _held(call, cols)
+        if hold:  # the row held in shared memory: one read, one exp per value
+            kernel = row_softmax_held(call.type, hold, distinct)
+        else:
+            kernel = rk.row_softmax(call.type, distinct=distinct)
         _launch_rows(kernel, call, rows, nbytes, result, call.buffer("x"), cols, take_log)
         return call.result(result)
 
@@ -182,7 +197,12 @@ def layer_norm(
                 params.append(call.alloc((builtins.max(cols, 1),), call.dtype))
                 params[-1].copy_from_host(np.full(builtins.max(cols, 1), fill, call.dtype))
         nbytes = 2 * ITEMSIZE[call.type] * (rows * cols + cols)
-        kernel = rk.row_layer_norm(call.type, distinct=result is not call.buffer("x"))
+        distinct = result is not call.buffer("x")
+        hold = _held(call, cols)
+        if hold:  # the row held in shared memory: one read, two-pass statistics
+            kernel = row_layer_norm_held(call.type, hold, distinct)
+        else:
+            kernel = rk.row_layer_norm(call.type, distinct=distinct)
         _launch_rows(kernel, call, rows, nbytes, result, call.buffer("x"), *params, cols, float(eps))
         return call.result(result)
 

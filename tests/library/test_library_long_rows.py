@@ -150,3 +150,46 @@ def test_webgpu_refuses_a_written_buffer_bound_twice(device):
     with device.alloc(4) as a:
         with pytest.raises(InvalidArgument, match="WebGPU cannot bind a written buffer twice"):
             double.launch(4, a, a, 4)
+
+
+@every_backend
+@pytest.mark.parametrize("name", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("cols", [300, 2049])
+def test_held_rows_as_the_online_kernels(device, name, cols):
+    """The kernels that hold a row in shared memory (``_held_rows``) give what the online ones give, and NumPy."""
+    skip_unheld(device, name)
+    from gpuworkbench.library import _held_rows as hr
+    from gpuworkbench.library import _row_kernels as rk
+    from gpuworkbench.pykernel.ktypes import kernel_type
+
+    t = kernel_type(np.dtype(name))
+    hold = hr.hold_bytes(t, cols)
+    if hold + rk.ROW * 8 > device.backend_device.kernel_limits().shared_bytes:
+        pytest.skip(f"{device.spec} has {device.backend_device.kernel_limits().shared_bytes} B of shared memory")
+    x = np.random.default_rng(14).normal(0, 3, (3, cols)).astype(name)
+    wide = x.astype(np.float64)
+    want = {0: softmax(wide), 1: np.log(softmax(wide))}
+    norm = (wide - wide.mean(-1, keepdims=True)) / np.sqrt(wide.var(-1, keepdims=True) + 1e-5)
+    with device.alloc(x.shape, name) as bx, device.alloc(x.shape, name) as out:
+        bx.copy_from_host(x.reshape(-1))
+        with device.alloc(cols, name) as g, device.alloc(cols, name) as b:
+            g.copy_from_host(np.ones(cols, name))
+            b.copy_from_host(np.zeros(cols, name))
+            for kernel in (hr.row_layer_norm_held(t, hold), rk.row_layer_norm(t)):
+                kernel.launch(3 * rk.ROW, out, bx, g, b, cols, 1e-5)
+                assert close(out.copy_to_host().reshape(x.shape), norm, name), kernel
+        for take_log, expected in want.items():
+            for kernel in (hr.row_softmax_held(t, hold), rk.row_softmax(t)):
+                kernel.launch(3 * rk.ROW, out, bx, cols, take_log)
+                assert close(out.copy_to_host().reshape(x.shape), expected, name), (kernel, take_log)
+
+
+def test_rows_past_what_shared_memory_holds_go_online():
+    """A row longer than ``MOST_HELD`` bytes is not held: the library takes the online kernels, right as NumPy."""
+    from gpuworkbench.library import _held_rows as hr
+
+    cols = hr.MOST_HELD // 4 + 1
+    assert hr.hold_bytes("f32", cols) == 0 and hr.hold_bytes("f32", cols - 1) == hr.MOST_HELD
+    x = np.random.default_rng(15).normal(0, 3, (2, cols)).astype(np.float32)
+    got = lib.softmax(x, device="cpu")
+    assert close(got, softmax(x.astype(np.float64)), "float32")
