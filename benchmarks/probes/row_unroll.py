@@ -37,7 +37,7 @@ for name in sys.argv[1:] or ("float32", "float16", "float64", "int32"):
             kernels["softmax"] = (rk.row_softmax(t, u), (y, x, cols, 0), 2 * s * rows * cols)
             kernels["layer_norm"] = (rk.row_layer_norm(t, u), (y, x, g, b, cols, 1e-5), 2 * s * rows * cols)
         for op, (k, args, nbytes) in kernels.items():
-            if op == "cumsum" and (name.startswith("int") or u != rk.scan_unroll(t)):
+            if op == "cumsum" and (name.startswith("int") or u != rk.SCAN_UNROLL):
                 continue
             run = repeat(lambda k=k, a=args, n=rows: k.launch(n * rk.ROW, *a, stream=stream), 5, stream.synchronize)
             run()

@@ -20,16 +20,18 @@ from ..pykernel.ktypes import ITEMSIZE, SCALAR_TYPES
 from ._kernels import NEG_INF, acc_type, kernel_name
 from ._row_kernels import HALVINGS, LOG2E, ROW, unroll_rows
 
-#: The largest row held, in bytes of its accumulator type (float32 for 16-bit floats, float64 for float64).
-MOST_HELD = 32 << 10
+#: The largest row held, in bytes: with 16 KiB held, 8 blocks of 256 threads still fit an H100's or H200's SM.
+MOST_HELD = 16 << 10
 _LEAST_HELD = 4 << 10
 
 
 def hold_bytes(ty: str, cols: int) -> int:
     """The shared bytes that hold a row of ``cols`` values of ``ty`` (a power of two from 4 KiB), 0 where it takes
-    more than ``MOST_HELD``."""
+    more than ``MOST_HELD`` or ``ty`` is a 16-bit float: held in float32, its rows were slower than the online
+    kernels' on an H200 (softmax 0.72 against 0.75 of the copy, layer norm 0.57 against 0.68;
+    ``benchmarks/probes/held_rows.py``), where float32's and float64's were faster."""
     need = cols * ITEMSIZE[acc_type(ty).name]
-    if need > MOST_HELD:
+    if need > MOST_HELD or ITEMSIZE[ty] == 2:
         return 0
     size = _LEAST_HELD
     while size < need:

@@ -5,7 +5,7 @@ One block of ``ROW`` threads per row. Each thread walks the row a step of severa
 (``unroll``: 16 bytes per thread and step for sum and max; ``unroll_rows``: 32 for argmax, softmax and layer norm,
 which test or compute more per value), then a tail one element at a time. Every thread runs the same number of
 steps, so the CPU runs them vectorised. The block then combines its threads' partial results in shared memory by
-halving (``HALVINGS`` rounds). Whole-array reductions are one row. Cumsum goes a chunk of ``scan_unroll`` × ROW
+halving (``HALVINGS`` rounds). Whole-array reductions are one row. Cumsum goes a chunk of ``SCAN_UNROLL`` × ROW
 values at a time through shared memory (see ``row_cumsum``).
 
 Softmax reads its row once for the maximum and the sum together (a running sum rescaled when the maximum grows) and
@@ -41,10 +41,7 @@ def unroll_rows(t: str) -> int:
     return max(4, 32 // ITEMSIZE[t])
 
 
-def scan_unroll(t: str) -> int:
-    """Cumsum's values per thread and chunk: 8, and 16 for 16-bit types (a chunk of at least 8 KiB: its barriers
-    and shared-memory trips are paid per chunk). ``row_cumsum``'s body is written for 8 groups of 1 or 2 values."""
-    return 16 if ITEMSIZE[t] == 2 else 8
+SCAN_UNROLL = 8  # cumsum's values per thread and chunk, every type (row_cumsum's body is written for 8)
 
 
 @functools.cache
@@ -328,68 +325,48 @@ def row_layer_norm(ty: str = "f32", u: int = 0, distinct: bool = True) -> Python
 @functools.cache
 def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
     T, ACC, OUT = SCALAR_TYPES[ty], acc_type(ty), SCALAR_TYPES[sum_type(ty)]
-    V = scan_unroll(ty)  # values per thread and chunk: 8 groups of G
-    G = V // 8
-    CHUNK = V * ROW
-    PADDED = CHUNK + CHUNK // 32  # a gap after every 32 values: a thread's V neighbours fall in different banks
-    RAKES = ROW // 8  # threads that scan the threads' totals, 8 each
-    assert G in (1, 2) and RAKES == 32  # the body below is written for 8 groups of 1 or 2 values and 32 rakes
+    CHUNK = SCAN_UNROLL * ROW
+    PADDED = CHUNK + CHUNK // 32  # a gap after every 32 values: a thread's 8 neighbours fall in different banks
+    RAKES = ROW // SCAN_UNROLL  # threads that scan the threads' totals, 8 each
+    assert SCAN_UNROLL == 8 and RAKES == 32  # the body below is written for 8 values per thread and 32 rakes
 
     @gw.kernel(name=kernel_name("row_cumsum", ty), block=ROW, distinct=distinct)
     def row_cumsum(i: gw.index, out: OUT[:, gw.width.cols], x: T[:, gw.width.cols], cols: gw.i32):
         """Inclusive prefix sums of each row, CHUNK values at a time: read coalesced into shared memory; each thread
-        scans its V neighbouring values in registers (the running sums at the ends of its 8 groups of G); the 256
-        totals are scanned by 32 threads, 8 each (raking), whose 32 sums are scanned in 5 rounds (Hillis-Steele,
-        alternating between two arrays); each thread adds what comes before it (the chunks before, the totals before
-        its own) and the chunk is written coalesced."""
+        scans its 8 neighbouring values in registers; the 256 totals are scanned by 32 threads, 8 each (raking),
+        whose 32 sums are scanned in 5 rounds (Hillis-Steele, alternating between two arrays); each thread adds what
+        comes before it (the chunks before, the totals before its own) and the chunk is written coalesced."""
         buf = gw.shared(PADDED, ACC)
-        tot = gw.shared(ROW + ROW // 32, ACC)  # the threads' totals, padded as buf is
+        tot = gw.shared(PADDED // SCAN_UNROLL, ACC)  # the threads' totals, padded as buf is
         ra = gw.shared(RAKES, ACC)
         rb = gw.shared(RAKES, ACC)
         lid = gw.local_id(0)
         row = gw.group_id(0)
-        p = lid * V + lid * V // 32  # where this thread's V neighbours start in buf
-        pt = lid * 8 + lid // 4  # where rake lid's 8 totals start in tot
+        p = lid * 8 + lid // 4  # where this thread's 8 neighbours start in buf (and its 8 rakes' totals in tot)
         q = lid + lid // 32  # where this thread's total sits in tot
         carry = ACC(0)
         for t in range((cols + CHUNK - 1) // CHUNK):
             base = t * CHUNK
-            for u in range(V):
+            for u in range(SCAN_UNROLL):
                 j = u * ROW + lid
                 c = base + j
                 buf[j + j // 32] = x[row, c] if c < cols else 0
             gw.barrier()
             r0 = buf[p]
-            for w in range(1, G):
-                r0 += buf[p + w]
-            r1 = r0
-            for w in range(G):
-                r1 += buf[p + G + w]
-            r2 = r1
-            for w in range(G):
-                r2 += buf[p + 2 * G + w]
-            r3 = r2
-            for w in range(G):
-                r3 += buf[p + 3 * G + w]
-            r4 = r3
-            for w in range(G):
-                r4 += buf[p + 4 * G + w]
-            r5 = r4
-            for w in range(G):
-                r5 += buf[p + 5 * G + w]
-            r6 = r5
-            for w in range(G):
-                r6 += buf[p + 6 * G + w]
-            r7 = r6
-            for w in range(G):
-                r7 += buf[p + 7 * G + w]
+            r1 = r0 + buf[p + 1]
+            r2 = r1 + buf[p + 2]
+            r3 = r2 + buf[p + 3]
+            r4 = r3 + buf[p + 4]
+            r5 = r4 + buf[p + 5]
+            r6 = r5 + buf[p + 6]
+            r7 = r6 + buf[p + 7]
             tot[q] = r7
             gw.barrier()
             if lid < RAKES:  # thread lid scans the totals of threads 8·lid ... 8·lid + 7 in place
                 run = ACC(0)
-                for u in range(8):
-                    run += tot[pt + u]
-                    tot[pt + u] = run
+                for u in range(SCAN_UNROLL):
+                    run += tot[p + u]
+                    tot[p + u] = run
                 ra[lid] = run
             gw.barrier()
             if lid < RAKES:
@@ -409,25 +386,16 @@ def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
             gw.barrier()
             g = lid // 8  # the rake that scanned this thread's total
             before = carry + tot[q] - r7 + (rb[max(g, 1) - 1] if g > 0 else ACC(0))
-            if G == 2:  # the first value of each pair: the sum before its group and itself
-                buf[p] = buf[p] + before
-                buf[p + 2] = buf[p + 2] + r0 + before
-                buf[p + 4] = buf[p + 4] + r1 + before
-                buf[p + 6] = buf[p + 6] + r2 + before
-                buf[p + 8] = buf[p + 8] + r3 + before
-                buf[p + 10] = buf[p + 10] + r4 + before
-                buf[p + 12] = buf[p + 12] + r5 + before
-                buf[p + 14] = buf[p + 14] + r6 + before
-            buf[p + G - 1] = r0 + before
-            buf[p + 2 * G - 1] = r1 + before
-            buf[p + 3 * G - 1] = r2 + before
-            buf[p + 4 * G - 1] = r3 + before
-            buf[p + 5 * G - 1] = r4 + before
-            buf[p + 6 * G - 1] = r5 + before
-            buf[p + 7 * G - 1] = r6 + before
-            buf[p + 8 * G - 1] = r7 + before
+            buf[p] = r0 + before
+            buf[p + 1] = r1 + before
+            buf[p + 2] = r2 + before
+            buf[p + 3] = r3 + before
+            buf[p + 4] = r4 + before
+            buf[p + 5] = r5 + before
+            buf[p + 6] = r6 + before
+            buf[p + 7] = r7 + before
             gw.barrier()
-            for u in range(V):
+            for u in range(SCAN_UNROLL):
                 j = u * ROW + lid
                 c = base + j
                 if c < cols:

@@ -153,8 +153,8 @@ def test_webgpu_refuses_a_written_buffer_bound_twice(device):
 
 
 @every_backend
-@pytest.mark.parametrize("name", ["float16", "float32", "float64"])
-@pytest.mark.parametrize("cols", [300, 2049])
+@pytest.mark.parametrize("name", ["float32", "float64"])
+@pytest.mark.parametrize("cols", [300, 2000])
 def test_held_rows_as_the_online_kernels(device, name, cols):
     """The kernels that hold a row in shared memory (``_held_rows``) give what the online ones give, and NumPy."""
     skip_unheld(device, name)
@@ -164,6 +164,7 @@ def test_held_rows_as_the_online_kernels(device, name, cols):
 
     t = kernel_type(np.dtype(name))
     hold = hr.hold_bytes(t, cols)
+    assert hold >= cols * np.dtype(name).itemsize
     if hold + rk.ROW * 8 > device.backend_device.kernel_limits().shared_bytes:
         pytest.skip(f"{device.spec} has {device.backend_device.kernel_limits().shared_bytes} B of shared memory")
     x = np.random.default_rng(14).normal(0, 3, (3, cols)).astype(name)
@@ -185,11 +186,13 @@ def test_held_rows_as_the_online_kernels(device, name, cols):
 
 
 def test_rows_past_what_shared_memory_holds_go_online():
-    """A row longer than ``MOST_HELD`` bytes is not held: the library takes the online kernels, right as NumPy."""
+    """A row longer than ``MOST_HELD`` bytes is not held, nor one of a 16-bit type: the library takes the online
+    kernels, right as NumPy."""
     from gpuworkbench.library import _held_rows as hr
 
     cols = hr.MOST_HELD // 4 + 1
     assert hr.hold_bytes("f32", cols) == 0 and hr.hold_bytes("f32", cols - 1) == hr.MOST_HELD
+    assert hr.hold_bytes("f16", 100) == 0
     x = np.random.default_rng(15).normal(0, 3, (2, cols)).astype(np.float32)
     got = lib.softmax(x, device="cpu")
     assert close(got, softmax(x.astype(np.float64)), "float32")
