@@ -3,7 +3,7 @@ machine: >= 100 MB/s of JSON, plain and gzip-compressed; peak RSS <= 2x the file
 <= 1 s each; a 1 M-event trace from file to a built ``trace.timeline()`` in <= 3 s), and the reload of our own export.
 
 Each load runs in a fresh child process, which reports the load's time and MB/s (of the JSON, uncompressed), its
-peak RSS (VmHWM after the load, the imports included; where the loader forks a helper process, that one's peak too:
+peak RSS (VmHWM after the load, the imports included; where the loader starts a helper process, that one's peak too:
 pages it shares with the loading process count in both), then the times of ``summary()``, ``statistics()`` and
 ``timeline()`` (Bokeh's import timed apart).
 
@@ -12,13 +12,15 @@ the kernel or copy it enqueued on one of four streams (``args.device`` / ``strea
 and the ``ac2g`` flow pair between them; python_function events too.
 Run from the repository root:
 ``python benchmarks/bench_load_trace.py [events] [--timeline-events N] [--repeat N] [--keep DIR] [--json out.json]
-[--one-core | --pinned]`` (``--keep``: write the files there, and reuse those an earlier run wrote for the same sizes).
+[--threaded | --alone | --pinned]`` (``--keep``: write the files there, and reuse those an earlier run wrote for the
+same sizes).
 
-By default a load of a large file forks a helper process that decodes every other piece (``kineto_helper.can_help``:
-Linux, two cores or more, no other thread running, no CUDA library loaded). ``--one-core`` loads the way a notebook
-kernel or a process with CUDA loaded does: the child starts an idle thread first, so no helper is forked and the decode
-runs on one core (the thread that gunzips a ``.gz`` file may still run on another). ``--pinned`` pins the child to
-one CPU as well (no helper either): the decode, the gunzip and everything else share that core.
+By default a load of a large file forks a helper process that decodes every other piece (``kineto_helper.helper_kind``:
+Linux, two cores or more; forked where no other thread runs and no CUDA library is loaded, as in a script).
+``--threaded`` loads the way a notebook kernel or a process with CUDA loaded does: the child starts an idle thread
+first, so the helper is spawned (a fresh interpreter) instead. ``--alone`` loads without a helper: the decode runs on
+one core (the thread that gunzips a ``.gz`` file may still run on another). ``--pinned`` pins the child to one CPU
+(no helper either): the decode, the gunzip and everything else share that core.
 """
 
 from __future__ import annotations
@@ -125,13 +127,18 @@ def write_files(folder: str, n_events: int, packed: bool) -> tuple[str, str | No
 
 
 def child(path: str, views: bool, cores: str) -> None:
-    """Load ``path`` (in this fresh process) and print the figures as one JSON line (``cores``: "one" or "pinned"
-    to load without the helper process, see the module's docstring; "" as ``load_trace`` decides)."""
+    """Load ``path`` (in this fresh process) and print the figures as one JSON line (``cores``: "threaded", "alone"
+    or "pinned", see the module's docstring; "" as ``load_trace`` decides)."""
     if cores == "pinned":
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    elif cores == "one":  # a notebook kernel runs threads: can_help says no
+    elif cores == "threaded":  # a notebook kernel runs threads: the helper is spawned, not forked
         threading.Thread(target=time.sleep, args=(1e6,), name="bench-idle", daemon=True).start()
     import gpuworkbench as gw
+
+    if cores == "alone":  # the load without a helper process
+        from gpuworkbench.trace import kineto_read
+
+        kineto_read.helper_kind = lambda where: None
 
     out: dict = {"rss_before_mb": _peak_mb()}
     t0 = time.perf_counter()
@@ -162,7 +169,11 @@ def child(path: str, views: bool, cores: str) -> None:
 
 def results_cores(cores: str) -> str:
     """How the loads run, in words."""
-    return {"one": "one core (no helper process)", "pinned": "pinned to one CPU"}.get(cores, "helper where it helps")
+    return {
+        "threaded": "another thread running (a spawned helper)",
+        "alone": "one core (no helper process)",
+        "pinned": "pinned to one CPU",
+    }.get(cores, "helper where it helps")
 
 
 def _peak_mb() -> float:
@@ -205,7 +216,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="loads of each file (each in a fresh process)")
     parser.add_argument("--json", help="also write the results here")
     how = parser.add_mutually_exclusive_group()
-    how.add_argument("--one-core", action="store_true", help="load without the helper process, as a notebook does")
+    how.add_argument("--threaded", action="store_true", help="load as a notebook kernel does (a spawned helper)")
+    how.add_argument("--alone", action="store_true", help="load without a helper process, on one core")
     how.add_argument("--pinned", action="store_true", help="load pinned to one CPU (no helper, gunzip on that CPU)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--cores", default="", help=argparse.SUPPRESS)
@@ -213,7 +225,7 @@ def main() -> None:
     opts = parser.parse_args()
     if opts.child:
         return child(opts.child, opts.views, opts.cores)
-    cores = "pinned" if opts.pinned else "one" if opts.one_core else ""
+    cores = "pinned" if opts.pinned else "threaded" if opts.threaded else "alone" if opts.alone else ""
     folder = opts.keep or tempfile.mkdtemp(prefix="gpuwb-bench-")
     os.makedirs(folder, exist_ok=True)
     t0 = time.perf_counter()

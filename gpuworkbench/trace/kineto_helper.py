@@ -1,11 +1,14 @@
 """A helper process that reads every other piece of a large trace file for ``kineto_read.py``: msgspec's decode and
-the gathering into columns hold the GIL, so where two cores are free a forked child decodes one piece while the
+the gathering into columns hold the GIL, so where two cores are free a child process decodes one piece while the
 loading process decodes the next, and the load takes a little over half the time.
 
-The child is forked before the loading process starts its reading thread; it gets each piece through shared memory
-and sends back its ``Piece`` (pickled columns), touches nothing else of the parent's (no CUDA, no files, no
-output) and leaves with ``os._exit``. Used on Linux only (where ``fork`` without ``exec`` is safe for this), with
-two usable cores or more, and for files of ``MIN_BYTES`` of JSON or more.
+The child gets each piece through shared memory and sends back its ``Piece`` (pickled columns); it touches nothing
+else of the parent's (no CUDA, no files, no output). Where the loading process runs no other thread and has no CUDA
+library loaded (a script), the child is forked before the reading thread starts, and leaves with ``os._exit``.
+Elsewhere (a notebook kernel runs threads; CUDA does not follow a fork) it is a fresh interpreter (``spawn``) that
+imports only the decoder's modules (``_BOOT``: not the package, whose import takes longer than a piece's decode),
+while the loading process reads the first pieces alone. Used on Linux only, with two usable cores or more, and for
+files of ``MIN_BYTES`` of JSON or more.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -51,32 +55,70 @@ class HelperLost(Exception):
 CUDA_MODULES = ("cupy", "torch", "numba.cuda", "cuda.core", "cuda.bindings", "pycuda", "jax", "cupti")
 
 
-def can_help(where: str) -> bool:
-    """Whether a helper process would shorten the load of ``where``, and may be forked: Linux, no other Python thread
-    running (a thread holding a lock at the fork would leave it held in the child: a notebook kernel runs several,
-    and a trace's harvester one) and no CUDA library loaded (CUDA does not follow a fork)."""
-    if sys.platform != "linux" or not hasattr(os, "fork"):
-        return False
-    if threading.active_count() > 1 or any(name in sys.modules for name in CUDA_MODULES):
-        return False
+def helper_kind(where: str) -> str | None:
+    """How a helper process would start to shorten the load of ``where``: "fork" where no other Python thread runs
+    (a thread holding a lock at the fork would leave it held in the child: a notebook kernel runs several, and a
+    trace's harvester one) and no CUDA library is loaded (CUDA does not follow a fork), else "spawn"; None where
+    none would help (not Linux, one usable core, a small file)."""
+    if sys.platform != "linux" or not hasattr(os, "memfd_create"):
+        return None
     try:
         cores = len(os.sched_getaffinity(0))
         size = os.path.getsize(where)
         with open(where, "rb") as f:
             gzip = f.read(2) == b"\x1f\x8b"
     except OSError:
-        return False
-    return cores >= 2 and size * (_GZIP_RATIO if gzip else 1) >= MIN_BYTES
+        return None
+    if cores < 2 or size * (_GZIP_RATIO if gzip else 1) < MIN_BYTES:
+        return None
+    if threading.active_count() > 1 or any(name in sys.modules for name in CUDA_MODULES):
+        return "spawn"
+    return "fork"
+
+
+#: The spawned child's program: the package and its ``trace`` folder as bare packages (their ``__init__`` not run),
+#: then the loop. argv: the socket's and the shared memory's descriptors, the package's folder.
+_BOOT = """
+import signal, socket, sys, types, mmap
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+conn_fd, shared_fd, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+for name, path in (("gpuworkbench", root), ("gpuworkbench.trace", root + "/trace")):
+    package = types.ModuleType(name)
+    package.__path__ = [path]
+    sys.modules[name] = package
+from gpuworkbench.trace.kineto_helper import SLOT, SLOTS, serve
+serve(socket.socket(fileno=conn_fd), mmap.mmap(shared_fd, SLOT * SLOTS))
+"""
 
 
 class Helper:
-    """The forked child and the loading process's end of it: ``send`` a piece (False where it is too large or
-    ``SLOTS`` are out), ``receive`` the ``Piece`` of the oldest one out (``out``: how many), ``ready``: whether
-    it has arrived, ``close``."""
+    """The child (``kind``: "fork" or "spawn", as ``helper_kind`` says) and the loading process's end of it: ``send``
+    a piece (False where it is too large or ``SLOTS`` are out), ``receive`` the ``Piece`` of the oldest one out
+    (``out``: how many), ``ready``: whether it has arrived, ``close``."""
 
-    def __init__(self) -> None:
-        self._shared = mmap.mmap(-1, SLOT * SLOTS)
+    def __init__(self, kind: str = "fork") -> None:
         ours, theirs = socket.socketpair()
+        self._process: subprocess.Popen | None = None
+        if kind == "spawn":
+            shared_fd = os.memfd_create("gpuworkbench-trace-pieces")
+            try:
+                os.ftruncate(shared_fd, SLOT * SLOTS)
+                self._shared = mmap.mmap(shared_fd, SLOT * SLOTS)
+                root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+                self._process = subprocess.Popen(
+                    [sys.executable, "-c", _BOOT, str(theirs.fileno()), str(shared_fd), root],
+                    pass_fds=(theirs.fileno(), shared_fd),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,  # a child that fails is lost (HelperLost): the load goes on alone
+                )
+            finally:
+                os.close(shared_fd)
+                theirs.close()
+            self.pid, self._conn = self._process.pid, ours
+            self._slots: list[int] = []  # the slots of the pieces out, oldest first
+            return
+        self._shared = mmap.mmap(-1, SLOT * SLOTS)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+ warns of fork with threads running
             pid = os.fork()
@@ -85,13 +127,13 @@ class Helper:
             code = 1
             try:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-                _serve(theirs, self._shared)
+                serve(theirs, self._shared)
                 code = 0
             finally:
                 os._exit(code)
         theirs.close()
         self.pid, self._conn = pid, ours
-        self._slots: list[int] = []  # the slots of the pieces out, oldest first
+        self._slots = []
 
     @property
     def out(self) -> int:
@@ -133,6 +175,14 @@ class Helper:
         except OSError:
             pass
         self._conn.close()
+        if self._process is not None:
+            try:
+                self._process.wait(2.0)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._shared.close()
+            return
         deadline = time.monotonic() + 2.0
         try:
             while os.waitpid(self.pid, os.WNOHANG) == (0, 0):
@@ -158,7 +208,7 @@ def _receive(conn: socket.socket, n: int) -> bytes:
     return bytes(data) if n < 4096 else data  # type: ignore[return-value]
 
 
-def _serve(conn: socket.socket, shared: mmap.mmap) -> None:
+def serve(conn: socket.socket, shared: mmap.mmap) -> None:
     """The child's loop: read the piece in ``shared`` that each header names, send back its ``Piece``."""
     while True:
         try:

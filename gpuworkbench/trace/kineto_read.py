@@ -27,7 +27,7 @@ import msgspec
 
 from ..errors import InvalidArgument
 from .kineto_decode import Collector, EventGroups, Piece, read_piece
-from .kineto_helper import Helper, HelperLost, can_help
+from .kineto_helper import Helper, HelperLost, helper_kind
 from .kineto_types import typed_events
 
 BLOCK = 8 << 20
@@ -54,11 +54,11 @@ def read_events(where: str) -> tuple[dict[str, Any], EventGroups]:
     groups. Raises ``InvalidArgument`` naming the file and what is wrong with it."""
     try:
         try:
-            meta, collector = _stream(where, own=None, helped=can_help(where))
+            meta, collector = _stream(where, own=None, helped=helper_kind(where))
         except HelperLost as lost:
             if lost.slow:
                 raise _Slow from None
-            meta, collector = _stream(where, own=None, helped=False)
+            meta, collector = _stream(where, own=None, helped=None)
     except _Slow:
         meta, collector = _whole(where)
     return meta, collector.groups()
@@ -167,12 +167,12 @@ class _Blocks:
 # ---------------------------------------------------------------------------------------------- streaming
 
 
-def _stream(where: str, own: bool | None, helped: bool, flows: bool = False) -> tuple[dict[str, Any], Collector]:
-    """Read the file block by block, every other piece by a helper process where ``helped`` (``own``: keep our
-    exports' args, None: as its head says; ``flows``: keep the ``ac2g`` flows). Where the tail says otherwise, or
-    device work or a runtime call lacks its correlation (a flow links it then), read it again with what was
-    missing."""
-    helper = Helper() if helped else None  # forked before the reading thread starts
+def _stream(where: str, own: bool | None, helped: str | None, flows: bool = False) -> tuple[dict[str, Any], Collector]:
+    """Read the file block by block, every other piece by a helper process where ``helped`` says how to start one
+    ("fork" or "spawn": ``kineto_helper.helper_kind``). ``own``: keep our exports' args, None: as its head says;
+    ``flows``: keep the ``ac2g`` flows. Where the tail says otherwise, or device work or a runtime call lacks its
+    correlation (a flow links it then), read it again with what was missing."""
+    helper = Helper(helped) if helped else None  # started before the reading thread
     try:
         mapped = _mapped(where)
         if mapped is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import re
 
 import numpy as np
@@ -462,21 +463,33 @@ def test_a_plain_file_is_cut_in_place_of_its_mapping(tmp_path, monkeypatch, sepa
     assert path.read_bytes() == before
 
 
-def test_a_helper_process_reads_pieces_to_the_same_trace(tmp_path, monkeypatch, small_blocks):
+@pytest.mark.parametrize("kind", ["fork", "spawn"])
+def test_a_helper_process_reads_pieces_to_the_same_trace(tmp_path, monkeypatch, small_blocks, kind):
+    """A forked helper (a script) and a spawned one (a notebook kernel, a process with CUDA) read pieces of the
+    file, and the trace is the one read without them."""
     path = write(kineto_doc(), tmp_path / "t.json")
     alone = gw.load_trace(path)
-    forks = []
-    real = kineto_helper.Helper.__init__
+    started, received = [], []
+    real_init, real_receive = kineto_helper.Helper.__init__, kineto_helper.Helper.receive
 
-    def counted(self):
-        real(self)
-        forks.append(self.pid)
+    def counted(self, how):
+        real_init(self, how)
+        started.append((how, self.pid))
 
-    monkeypatch.setattr(kineto_read, "can_help", lambda where: True)
+    def receive(self):
+        piece = real_receive(self)
+        received.append(piece)
+        return piece
+
+    monkeypatch.setattr(kineto_read, "helper_kind", lambda where: kind)
     monkeypatch.setattr(kineto_helper.Helper, "__init__", counted)
+    monkeypatch.setattr(kineto_helper.Helper, "receive", receive)
     helped = gw.load_trace(path)
-    assert forks, "the load forked no helper"
+    assert [how for how, _ in started] == [kind], "the load started no helper"
+    assert received, "the helper read no piece"
     same_trace(alone, helped)
+    with pytest.raises(ChildProcessError):  # reaped
+        os.waitpid(started[0][1], os.WNOHANG)
 
 
 def test_a_lost_helper_costs_a_second_read_not_the_load(tmp_path, monkeypatch, small_blocks):
@@ -486,7 +499,7 @@ def test_a_lost_helper_costs_a_second_read_not_the_load(tmp_path, monkeypatch, s
     def lost(self):
         raise kineto_helper.HelperLost("gone")
 
-    monkeypatch.setattr(kineto_read, "can_help", lambda where: True)
+    monkeypatch.setattr(kineto_read, "helper_kind", lambda where: "fork")
     monkeypatch.setattr(kineto_helper.Helper, "receive", lost)
     same_trace(alone, gw.load_trace(path))
 
@@ -703,7 +716,6 @@ def test_gpu_load_of_a_broken_file_prints_one_line(shell, capsys, tmp_path):
 
 
 def test_a_helper_is_forked_only_without_other_threads_or_cuda(tmp_path, monkeypatch):
-    import os
     import sys
     import threading
 
@@ -712,21 +724,24 @@ def test_a_helper_is_forked_only_without_other_threads_or_cuda(tmp_path, monkeyp
     big = tmp_path / "big.json"
     with open(big, "wb") as f:
         f.truncate(kineto_helper.MIN_BYTES + 1)  # sparse: its size is what counts
+    small = tmp_path / "small.json"
+    small.write_bytes(b"[]")
     if sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("a helper needs Linux and two cores")
     for name in kineto_helper.CUDA_MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
     if threading.active_count() > 1:
         pytest.skip("another thread runs in this test process")
-    assert kineto_helper.can_help(str(big))
+    assert kineto_helper.helper_kind(str(small)) is None  # too small to be worth a helper
+    assert kineto_helper.helper_kind(str(big)) == "fork"
     monkeypatch.setitem(sys.modules, "cupy", object())
-    assert not kineto_helper.can_help(str(big))  # a CUDA library is loaded: no fork
+    assert kineto_helper.helper_kind(str(big)) == "spawn"  # a CUDA library is loaded: no fork
     monkeypatch.delitem(sys.modules, "cupy")
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
     try:
-        assert not kineto_helper.can_help(str(big))  # another thread runs: no fork
+        assert kineto_helper.helper_kind(str(big)) == "spawn"  # another thread runs: no fork
     finally:
         stop.set()
         other.join()
