@@ -100,21 +100,25 @@ class Helper:
         ours, theirs = socket.socketpair()
         self._process: subprocess.Popen | None = None
         if kind == "spawn":
-            shared_fd = os.memfd_create("gpuworkbench-trace-pieces")
             try:
-                os.ftruncate(shared_fd, SLOT * SLOTS)
-                self._shared = mmap.mmap(shared_fd, SLOT * SLOTS)
-                root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-                self._process = subprocess.Popen(
-                    [sys.executable, "-c", _BOOT, str(theirs.fileno()), str(shared_fd), root],
-                    pass_fds=(theirs.fileno(), shared_fd),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,  # a child that fails is lost (HelperLost): the load goes on alone
-                )
-            finally:
-                os.close(shared_fd)
-                theirs.close()
+                shared_fd = os.memfd_create("gpuworkbench-trace-pieces")
+                try:
+                    os.ftruncate(shared_fd, SLOT * SLOTS)
+                    self._shared = mmap.mmap(shared_fd, SLOT * SLOTS)
+                    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+                    self._process = subprocess.Popen(
+                        [sys.executable, "-c", _BOOT, str(theirs.fileno()), str(shared_fd), root],
+                        pass_fds=(theirs.fileno(), shared_fd),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,  # a child that fails is lost (HelperLost): the load goes on alone
+                    )
+                finally:
+                    os.close(shared_fd)
+                    theirs.close()
+            except OSError as exc:  # no interpreter to start (an embedded Python), no memory: the load goes on alone
+                ours.close()
+                raise HelperLost(f"cannot start a helper process: {exc}") from None
             self.pid, self._conn = self._process.pid, ours
             self._slots: list[int] = []  # the slots of the pieces out, oldest first
             return

@@ -504,6 +504,17 @@ def test_a_lost_helper_costs_a_second_read_not_the_load(tmp_path, monkeypatch, s
     same_trace(alone, gw.load_trace(path))
 
 
+def test_a_helper_that_cannot_start_leaves_the_load_alone(tmp_path, monkeypatch, small_blocks):
+    """No interpreter to spawn (an embedded Python): the file is read without a helper, to the same trace."""
+    import sys
+
+    path = write(kineto_doc(), tmp_path / "t.json")
+    alone = gw.load_trace(path)
+    monkeypatch.setattr(kineto_read, "helper_kind", lambda where: "spawn")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python-here"))
+    same_trace(alone, gw.load_trace(path))
+
+
 @pytest.mark.parametrize(
     "change",
     [
