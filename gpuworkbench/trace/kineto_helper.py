@@ -35,8 +35,11 @@ from .kineto_types import decoder
 #: ``SLOTS`` pieces at a time, so that it has the next one to read as it sends one back.
 SLOT = 32 << 20
 SLOTS = 2
-#: Files smaller than this (in JSON; a gzip file counts as ``_GZIP_RATIO`` times its size) are read without help.
+#: Files smaller than this (in JSON; a gzip file counts as ``_GZIP_RATIO`` times its size) are read without help;
+#: a spawned helper, which starts a Python and imports the decoder first (0.2 s), only from ``SPAWN_MIN_BYTES`` (on
+#: the 2-core dev box it lost 3 % on a 39 MB file and gained 1.3 x on 80 MB: ``benchmarks/probes/load_modes.py``).
 MIN_BYTES = 32 << 20
+SPAWN_MIN_BYTES = 64 << 20
 _GZIP_RATIO = 8
 _HEADER = struct.Struct("<qqB")  # a piece's slot, its length (-1: stop) and flags (own, flows)
 _LENGTH = struct.Struct("<q")
@@ -59,7 +62,7 @@ def helper_kind(where: str) -> str | None:
     """How a helper process would start to shorten the load of ``where``: "fork" where no other Python thread runs
     (a thread holding a lock at the fork would leave it held in the child: a notebook kernel runs several, and a
     trace's harvester one) and no CUDA library is loaded (CUDA does not follow a fork), else "spawn"; None where
-    none would help (not Linux, one usable core, a small file)."""
+    none would help (not Linux, one usable core, a small file; for a spawned one, a file under ``SPAWN_MIN_BYTES``)."""
     if sys.platform != "linux" or not hasattr(os, "memfd_create"):
         return None
     try:
@@ -69,10 +72,11 @@ def helper_kind(where: str) -> str | None:
             gzip = f.read(2) == b"\x1f\x8b"
     except OSError:
         return None
-    if cores < 2 or size * (_GZIP_RATIO if gzip else 1) < MIN_BYTES:
+    json_bytes = size * (_GZIP_RATIO if gzip else 1)
+    if cores < 2 or json_bytes < MIN_BYTES:
         return None
     if threading.active_count() > 1 or any(name in sys.modules for name in CUDA_MODULES):
-        return "spawn"
+        return "spawn" if json_bytes >= SPAWN_MIN_BYTES else None
     return "fork"
 
 

@@ -734,7 +734,10 @@ def test_a_helper_is_forked_only_without_other_threads_or_cuda(tmp_path, monkeyp
 
     big = tmp_path / "big.json"
     with open(big, "wb") as f:
-        f.truncate(kineto_helper.MIN_BYTES + 1)  # sparse: its size is what counts
+        f.truncate(kineto_helper.SPAWN_MIN_BYTES + 1)  # sparse: its size is what counts
+    middling = tmp_path / "middling.json"
+    with open(middling, "wb") as f:
+        f.truncate(kineto_helper.MIN_BYTES + 1)
     small = tmp_path / "small.json"
     small.write_bytes(b"[]")
     if sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2:
@@ -747,6 +750,7 @@ def test_a_helper_is_forked_only_without_other_threads_or_cuda(tmp_path, monkeyp
     assert kineto_helper.helper_kind(str(big)) == "fork"
     monkeypatch.setitem(sys.modules, "cupy", object())
     assert kineto_helper.helper_kind(str(big)) == "spawn"  # a CUDA library is loaded: no fork
+    assert kineto_helper.helper_kind(str(middling)) is None  # too small to pay for a Python's start
     monkeypatch.delitem(sys.modules, "cupy")
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
