@@ -110,6 +110,7 @@ class OpenCLDevice(BackendDevice):
         self._lock = threading.Lock()
         self._clock_offset: int | None = None  # device ns - host ns at the last clock sample (peer copy spans)
         self._peer_queue: Any = None  # reads of this device's buffers for peer copies into other devices
+        self._limits: KernelLimits | None = None
 
     def lacks_type(self, dtype: str) -> str:
         if dtype == "float64" and "cl_khr_fp64" not in self._dev.extensions.split():
@@ -317,10 +318,12 @@ class OpenCLDevice(BackendDevice):
         return arg.handle
 
     def kernel_limits(self) -> KernelLimits:
-        dims = [int(d) for d in self._dev.max_work_item_sizes][:3] + [1, 1, 1]
-        return KernelLimits(
-            int(self._dev.max_work_group_size), (dims[0], dims[1], dims[2]), int(self._dev.local_mem_size)
-        )
+        if self._limits is None:  # the device's properties: read once (the library asks on every row op)
+            dims = [int(d) for d in self._dev.max_work_item_sizes][:3] + [1, 1, 1]
+            self._limits = KernelLimits(
+                int(self._dev.max_work_group_size), (dims[0], dims[1], dims[2]), int(self._dev.local_mem_size)
+            )
+        return self._limits
 
     def kernel_resources(self, kernel: Any) -> tuple[int, int]:
         """OpenCL says no registers; its local memory per work-group is the kernel's ``__local`` arrays."""
