@@ -196,3 +196,19 @@ def test_rows_past_what_shared_memory_holds_go_online():
     x = np.random.default_rng(15).normal(0, 3, (2, cols)).astype(np.float32)
     got = lib.softmax(x, device="cpu")
     assert close(got, softmax(x.astype(np.float64)), "float32")
+
+
+def test_the_library_holds_the_rows_that_fit():
+    """Which kernel ran, told by its span's shared bytes: a float32 row of 300 values held (4 KiB and the block's
+    reduction), a float16 row and a float32 row past ``MOST_HELD`` online (the reduction only)."""
+    from gpuworkbench.library import _held_rows as hr
+
+    cases = [(np.float32, 300, True), (np.float16, 300, False), (np.float32, hr.MOST_HELD // 4 + 1, False)]
+    for dtype, cols, held in cases:
+        x = np.random.default_rng(16).normal(0, 1, (2, cols)).astype(dtype)
+        with gw.trace() as t:
+            lib.softmax(x, device="cpu")
+        table = t.table()
+        shared = [int(b) for n, b in zip(table["name"], table["shared_bytes"]) if str(n).startswith("row_softmax")]
+        reduction = 256 * 4  # ROW float32 accumulators
+        assert shared == [hr.hold_bytes("f32", cols) + reduction if held else reduction], (dtype, cols)
