@@ -63,6 +63,22 @@ def demangle(name: str) -> str:
             free(out)
 
 
+def per_distinct(fn: Callable[..., Any], *columns: np.ndarray) -> np.ndarray:
+    """``fn(a, b, ...)`` for each row of the columns, as an object array: called once per distinct row (a flush holds
+    thousands of calls of a few kinds, on a few threads), each with the row's values as Python objects."""
+    n = columns[0].size
+    if n == 0:
+        return np.empty(0, dtype=object)
+    codes = np.zeros(n, np.int64)
+    for column in columns:
+        distinct, inverse = np.unique(column, return_inverse=True)
+        codes = codes * distinct.size + inverse.ravel()
+    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    out = np.empty(first.size, dtype=object)
+    out[:] = [fn(*row) for row in zip(*(column[first].tolist() for column in columns))]
+    return out[inverse.ravel()]
+
+
 def library_of(kernel_name: str) -> str:
     """The library a kernel's name says it belongs to ('' when it does not say)."""
     for marker, library in _LIBRARIES:
@@ -139,10 +155,10 @@ class ForeignRecords:
         self, rec: dict[str, np.ndarray], calls: dict[str, np.ndarray] | None, offset: int
     ) -> list[dict[str, np.ndarray]]:
         n = rec["start"].size
-        kinds = np.array([KIND_CODE[_KIND_OF.get(k, "d2d")] for k in rec["kind"].tolist()], np.int8)
+        kinds = per_distinct(lambda k: KIND_CODE[_KIND_OF.get(k, "d2d")], rec["kind"]).astype(np.int8)
         device = self._device_of(rec["device_id"].astype(np.int64))
         stream = FOREIGN_STREAM_BASE + rec["stream_id"].astype(np.int64)
-        names = np.array([self._demangled(x) for x in self._names_of(rec["name"]).tolist()], dtype=object)
+        names = per_distinct(self._demangled, self._names_of(rec["name"]))
         corr = rec["correlation_id"].astype(np.int64)
         enqueue = np.full(n, -1, np.int64)
         link = np.full(n, -1, np.int64)
@@ -192,12 +208,8 @@ class ForeignRecords:
     def _api_spans(
         self, calls: dict[str, np.ndarray], rows: np.ndarray, device: np.ndarray, offset: int, loc: np.ndarray
     ) -> dict[str, np.ndarray]:
-        threads = calls["thread"][rows].tolist()
-        stream = np.array([self._thread_row(int(d), t) for d, t in zip(device.tolist(), threads)], np.int64)
-        names = np.array(
-            [self._api_name(r, c) for r, c in zip(calls["runtime"][rows].tolist(), calls["cbid"][rows].tolist())],
-            dtype=object,
-        )
+        stream = per_distinct(self._thread_row, device, calls["thread"][rows]).astype(np.int64)
+        names = per_distinct(self._api_name, calls["runtime"][rows], calls["cbid"][rows])
         m = rows.size
         return {
             "kind": np.full(m, KIND_CODE["api"], np.int8),

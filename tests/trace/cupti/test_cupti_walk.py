@@ -1,10 +1,12 @@
-"""The CUPTI record walk (trace/cupti/walk.py) on hand-made activity buffers: the run-skipping walk must visit exactly
-the records a one-by-one walk by the same record sizes visits. Runs without a GPU (no libcupti is loaded)."""
+"""The CUPTI record walk (trace/cupti/walk.py) on hand-made activity buffers: the walk by pointer doubling must visit
+exactly the records a one-by-one walk by the same record sizes visits, and leave to CUPTI's walk a buffer whose chain
+of sizes leads nowhere. Runs without a GPU (no libcupti is loaded)."""
 
 from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,7 +41,7 @@ def one_by_one(raw: RecordWalker, data: bytes) -> list[int]:
     return offsets
 
 
-def test_a_launch_loop_buffer_is_walked_in_runs_to_the_same_offsets():
+def test_a_launch_loop_buffer_is_walked_to_the_same_offsets():
     raw = raw_walker()
     kinds = [5, 39, 10] * 500 + [1] + [5, 39, 10] * 300 + [2, 2] + [10] * 40 + [5, 39]
     data, offsets = buffer(kinds)
@@ -69,3 +71,32 @@ def test_a_kind_of_unknown_size_falls_back_to_cuptis_walk(monkeypatch):
     raw.size_words[39] = UNVERIFIED
     monkeypatch.setattr(raw, "walk_cupti", lambda d: [0, 99])
     assert raw.walk(data).tolist() == [0, 99]
+
+
+def test_an_empty_buffer_has_no_records():
+    assert raw_walker().walk(b"").tolist() == []
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda data: data[:-8],  # the last record cut short: its size leads past the end
+        lambda data: data + bytes(8),  # a slot after the last record whose kind (0) has no size
+        lambda data: struct.pack("<I", 77) + data[4:],  # a first word that is no kind of known size
+    ],
+    ids=["past the end", "trailing slot", "unknown first kind"],
+)
+def test_a_chain_that_leads_nowhere_is_left_to_cuptis_walk(monkeypatch, spoil):
+    raw = raw_walker()
+    data, _ = buffer([5, 39, 10, 1, 2] * 30)
+    monkeypatch.setattr(raw, "walk_cupti", lambda d: [0, 4])
+    assert raw.walk(data).tolist() != [0, 4]  # the unspoilt buffer is walked by sizes
+    assert raw.walk(spoil(data)).tolist() == [0, 4]
+
+
+def test_a_kind_whose_learned_size_is_not_a_multiple_of_8_bytes_is_no_size(monkeypatch):
+    raw = raw_walker()
+    data, _ = buffer([5, 39, 10] * 10)
+    raw.size_words[39] = 5  # 20 bytes: records start 8-byte aligned, so no record is this long
+    monkeypatch.setattr(raw, "walk_cupti", lambda d: [0, 6])
+    assert raw.walk(data).tolist() == [0, 6]
