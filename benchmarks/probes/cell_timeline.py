@@ -101,7 +101,8 @@ def main() -> None:
             n = seen[(label, where)] = seen.get((label, where), 0) + 1
             rows.setdefault((label, where, n), []).append(((t0 - returned) / 1e6, (t1 - t0) / 1e6))
         ends.append(max(t1 for label, _, _, t1 in events if label == "display message") / 1e6 - returned / 1e6)
-    print(f"{what}; {args.rounds} cells; code returned -> last display message: median {statistics.median(ends):.2f} ms")
+    end = statistics.median(ends)
+    print(f"{what}; {args.rounds} cells; code returned -> last display message: median {end:.2f} ms")
     print(f"{'step':44} {'thread':7} {'#':>2} {'start ms':>9} {'took ms':>8} {'cells':>5}")
     order = sorted(rows.items(), key=lambda kv: statistics.median(s for s, _ in kv[1]))
     for (label, where, n), values in order:
