@@ -2,12 +2,16 @@
 trace's stop, the harvester's last harvests and CUPTI's flushes, the table, the summary, the picture's parts, the
 display messages), on whichever thread runs it, as the median start and duration after the code returned.
 
-    python benchmarks/probes/cell_timeline.py [--rounds 8]
+    python benchmarks/probes/cell_timeline.py [--rounds 8] [--profile Trace._add_foreign ...]
+
+``--profile``: a cProfile of the named steps (on whichever thread runs them) over the cells, printed after.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import sys
 import threading
@@ -45,7 +49,9 @@ def steps() -> list[tuple[object, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--profile", nargs="*", default=[], help="steps to profile, e.g. Trace._add_foreign")
     args = parser.parse_args()
+    profile = cProfile.Profile()
     from IPython.core.displaypub import CapturingDisplayPublisher
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -62,11 +68,17 @@ def main() -> None:
         original = getattr(owner, name)
         label = f"{getattr(owner, '__name__', owner)}.{name}".replace("gpuworkbench.", "")
 
+        profiled = label.split(".", 1)[-1] in args.profile or label in args.profile
+
         def timed(*a, **k):
             t0 = time.perf_counter_ns()
+            if profiled:
+                profile.enable()
             try:
                 return original(*a, **k)
             finally:
+                if profiled:
+                    profile.disable()
                 where = "main" if threading.current_thread() is main_thread else "thread"
                 events.append((label, where, t0, time.perf_counter_ns()))
 
@@ -109,6 +121,9 @@ def main() -> None:
         start = statistics.median(s for s, _ in values)
         took = statistics.median(d for _, d in values)
         print(f"{label:44} {where:7} {n:>2} {start:9.2f} {took:8.2f} {len(values):>5}")
+    if args.profile:
+        print(f"== cProfile of {', '.join(args.profile)} (cumulative)")
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
 
 
 if __name__ == "__main__":

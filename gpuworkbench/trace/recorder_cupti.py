@@ -348,8 +348,12 @@ class CuptiTracing:
         """Place CUPTI API calls (thread id, start on CUPTI's clock) in the enqueue windows of the waiting ops."""
         return self._cupti_ops.resolve(thread, start - self._window.offsets(self._cupti, start))
 
+    def _finish_harvests(self) -> bool:
+        """Whether ``_finish_cupti`` ends with a harvest of its own (this trace's CUPTI source is still its own)."""
+        return self._cupti is not None and self._cupti.session == self._cupti_session
+
     def _finish_cupti(self) -> None:
-        if self._cupti is not None and self._cupti.session == self._cupti_session:
+        if self._finish_harvests():
             if self._taken:
                 self._cupti.abandon()  # the other client holds CUPTI now: leave its kinds and callbacks alone
             else:

@@ -50,8 +50,8 @@ class Harvesting:
                 if self._defers():
                     self._deferred = True
                     self._stats.deferred_harvests += 1
-                else:
-                    self.harvest()
+                elif not (stopping and not self._unfinished() and self._finish_harvests()):
+                    self.harvest()  # (else the finish's own harvest, after CUPTI's last flush, is the only one)
             except Exception as exc:  # noqa: BLE001 - a harvester crash must be visible, not silent
                 self.stats.warnings.append(f"harvester error: {exc!r}")
                 warnings.warn(f"gpuworkbench trace harvester error: {exc!r}", RuntimeWarning, stacklevel=1)

@@ -158,7 +158,9 @@ class ForeignRecords:
         kinds = per_distinct(lambda k: KIND_CODE[_KIND_OF.get(k, "d2d")], rec["kind"]).astype(np.int8)
         device = self._device_of(rec["device_id"].astype(np.int64))
         stream = FOREIGN_STREAM_BASE + rec["stream_id"].astype(np.int64)
-        names = per_distinct(self._demangled, self._names_of(rec["name"]))
+        pointers, inverse = np.unique(rec["name"], return_inverse=True)  # a name read and demangled once
+        names = np.array([self._demangled(x) for x in self._names_of(pointers).tolist()], dtype=object)
+        names = names[inverse.ravel()]
         corr = rec["correlation_id"].astype(np.int64)
         enqueue = np.full(n, -1, np.int64)
         link = np.full(n, -1, np.int64)
