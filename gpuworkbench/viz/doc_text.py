@@ -15,7 +15,7 @@ import base64
 import gzip
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any
 
@@ -70,6 +70,13 @@ class Entry:
     has_data: bool = False
     subtree: str | None = None
     children: list[str] | None = None
+    #: Whether the model, or one written inside its text, was given a new value since the text was written (set by
+    #: ``_Watched``; a new entry is unwritten); ``parent``: the entry whose text holds this one's whole.
+    dirty: bool = True
+    parent: Entry | None = None
+    #: The models written whole in the subtree's text (itself first), and those it refers to that it does not hold.
+    members: list[Model] = field(default_factory=list)
+    refs: set[Model] = field(default_factory=set)
 
 
 class TextEncoder:
@@ -77,32 +84,58 @@ class TextEncoder:
     of the same models; ``coded``: columns of repeated strings as ``CODED`` (``self.coded_columns`` counts them)."""
 
     def __init__(self, cache: dict[Model, Entry] | None = None, coded: bool = False) -> None:
+        self.watch = cache is not None  # a kept cache: its models say when they are given new values
         self.cache = cache if cache is not None else {}
         self.coded = coded
         self.coded_columns = 0
         self.seen: set[Model] = set()
+        self.order: list[Model] = []  # models written whole, in document order
+        self.refs: list[Model] = []  # models written as references, in document order
+        self.parents: list[Entry] = []
         self.level = settings.compression_level()
 
     def model(self, model: Model) -> tuple[str, bool]:
         """(the model's text here: whole the first time this document meets it, else a reference; whether that text
         holds data written this time)."""
+        seen = self.seen
         entry = self.cache.get(model)
         if entry is None:
             at = f"{TOKEN}{len(self.cache) + 1}"  # entries are never removed: numbers stay unique within a cache
             head = f'{{"type":"object","name":"{model.__qualified_model__}","id":"{at}"'
             entry = self.cache[model] = Entry(at, f'{{"id":"{at}"}}', head)
-        elif model in self.seen:
+            if self.watch:
+                _Watched.watch(model, entry)
+        elif model in seen:
+            self.refs.append(model)
             return entry.ref, False
-        self.seen.add(model)
+        elif (
+            not entry.dirty
+            and entry.subtree is not None
+            and seen.isdisjoint(entry.members)
+            and seen.issuperset(entry.refs)
+        ):  # nothing in it was given a new value, and what it holds and refers to stands as when it was written
+            seen.update(entry.members)
+            self.order.extend(entry.members)
+            self.refs.extend(entry.refs)
+            return entry.subtree, False
+        seen.add(model)
+        first, first_ref = len(self.order), len(self.refs)
+        self.order.append(model)
         same = self._refresh(model, entry)
         children: list[str] = []
         volatile = entry.has_data
+        self.parents.append(entry)
         for text in entry.texts:
             if type(text) is _Tpl:
                 for slot in text.slots:
                     child, changing = self.model(slot)
                     children.append(child)
                     volatile |= changing
+        self.parents.pop()
+        entry.parent = self.parents[-1] if self.parents else None
+        entry.members = self.order[first:]
+        entry.refs = set(self.refs[first_ref:]).difference(entry.members)
+        entry.dirty = not self.watch
         if same and not volatile and entry.subtree is not None and _same_texts(children, entry.children):
             return entry.subtree, False
         out = self._compose(model, entry, children)
@@ -243,6 +276,60 @@ class TextEncoder:
         """A buffer as Bokeh sends it inline (gzip, then base64); stored, not compressed, below ``STORE_BELOW``."""
         level = 0 if len(raw) < STORE_BELOW else self.level
         return base64.b64encode(gzip.compress(raw, mtime=1, compresslevel=level)).decode("ascii")
+
+
+class _Watched(dict):
+    """A model's store of set properties (Bokeh's ``_property_values``, ``_unstable_default_values``) that marks the
+    model's entries, and the entries whose text holds theirs, dirty when a property is given a value: every set, and
+    every change of a container in place, ends in a store here (Bokeh's ``PropertyDescriptor._set_value``)."""
+
+    __slots__ = ("entries",)
+
+    entries: list[Entry]
+
+    @classmethod
+    def watch(cls, model: Model, entry: Entry) -> None:
+        for name in ("_property_values", "_unstable_default_values"):  # other library: Bokeh's stores
+            store = getattr(model, name)
+            if type(store) is not cls:
+                store = cls(store)
+                store.entries = []
+                setattr(model, name, store)
+            store.entries.append(entry)
+
+    def _changed(self) -> None:
+        for entry in self.entries:
+            while entry is not None and not entry.dirty:
+                entry.dirty = True
+                entry = entry.parent
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        self._changed()
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self._changed()
+
+    def pop(self, *args: Any) -> Any:
+        self._changed()
+        return super().pop(*args)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._changed()
+        return super().setdefault(key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self._changed()
+
+    def clear(self) -> None:
+        super().clear()
+        self._changed()
+
+    def popitem(self) -> tuple[str, Any]:
+        self._changed()
+        return super().popitem()
 
 
 class ValueEncoder(Serializer):
