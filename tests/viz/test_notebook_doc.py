@@ -212,6 +212,34 @@ def test_kept_texts_hold_no_data_and_a_changed_property_is_written_again():
     assert encoder.model(timeline.xaxis[0])[0] is kept[timeline.xaxis[0]]
 
 
+def test_only_models_given_new_values_and_their_holders_are_visited_again_and_moved_models_are_placed_anew():
+    from gpuworkbench.viz.doc_text import TextEncoder
+
+    layout = trace_layout(traced("<cell doc 9>", 3, 1 << 10))
+    cache: dict = {}
+    notebook_bundle(layout, cache)
+    timeline = next(m for m in layout.references() if m.name == "timeline")
+    visited: list = []
+    refresh = TextEncoder._refresh
+
+    def counting(self, model, entry):
+        visited.append(model)
+        return refresh(self, model, entry)
+
+    TextEncoder._refresh = counting
+    try:
+        timeline.xaxis[0].formatter.precision = 3  # deep inside a subtree that holds no data
+        _, again, _ = notebook_bundle(layout, cache)
+        assert document(again) == document(notebook_content(layout)[0])
+        assert timeline.xaxis[0].formatter in visited and timeline.xaxis[0] in visited
+        assert timeline.yaxis[0] not in visited and len(visited) < len(cache) // 2
+        layout.children.reverse()  # in place: every model now first written somewhere else in the text
+        _, moved, _ = notebook_bundle(layout, cache)
+        assert document(moved) == document(notebook_content(layout)[0])
+    finally:
+        TextEncoder._refresh = refresh
+
+
 def test_a_bokeh_whose_private_store_differs_falls_back_to_bokehs_own_show(monkeypatch):
     """Where our encoder meets a Bokeh it does not know (an attribute gone), the picture is shown by ``bokeh.io.show``,
     and from then on too; nothing is lost."""
