@@ -16,6 +16,8 @@ import numpy as np
 UNVERIFIED = 1 << 40
 #: Activity kinds the size table covers.
 MAX_KIND = 256
+#: Records walked one by one, no run found among them, after which the walk turns to pointer doubling.
+ALONE = 48
 
 
 class RecordWalker:
@@ -37,25 +39,88 @@ class RecordWalker:
     def walk(self, data: Any) -> np.ndarray:
         """Offsets (in 4-byte words) of the records in ``data``: by the verified sizes, else by CUPTI's walk.
 
-        Records start 8-byte aligned, so each aligned slot whose word is a kind of verified size is a candidate
-        start, and points to the candidate its record's size leads to (or to the end, or to nowhere). The records
-        are the candidates on the chain from the first one, found by pointer doubling in NumPy: log2(records)
-        steps, no Python per record (a PyTorch step's records, which repeat only in short runs, had taken ~1 µs
-        each walked one by one). A chain that leads nowhere, or past the end, is left to CUPTI's walk."""
+        Record by record while the records repeat (a launch loop writes API and kernel records, and external-id
+        ones where ids are pushed, over and over): every 16 records, the repetitions of the last few that follow are
+        checked in one NumPy step, each predicted record's kind word being the one whose size predicted the next.
+        Once ``ALONE`` records in a row came one by one (a PyTorch step's records repeat only in short runs, and had
+        taken ~1 µs each so), the rest is found by pointer doubling (``_doubled``). Either way, the same walk."""
         self.last_walk_status = 0
         if len(data) % 8 == 0:
             array = np.frombuffer(data, np.uint32)
-            n = array.size
-            if n == 0:
-                return np.empty(0, np.int64)
-            table = np.asarray(self.size_words + [UNVERIFIED], np.int64)
-            table[table & 1 == 1] = UNVERIFIED  # records start 8-byte aligned: an odd size is no size
-            size = table[np.minimum(array[::2], MAX_KIND)]
-            starts = np.flatnonzero(size < UNVERIFIED)  # candidate slots
-            chain = _chain(starts, starts * 2 + size[starts], n) if starts.size and starts[0] == 0 else None
-            if chain is not None:
-                return chain
+            words = memoryview(data).cast("I")
+            sizes = self.size_words
+            parts: list[np.ndarray] = []
+            offsets: list[int] = []
+            kinds: list[int] = []
+            i, n = 0, len(words)
+            try:
+                while i < n:
+                    kind = words[i]
+                    offsets.append(i)
+                    kinds.append(kind)
+                    i += sizes[kind]
+                    if not len(kinds) & 15 and i < n:  # every 16 records walked one by one: a run ahead?
+                        skipped = self._repeat(array, offsets, kinds, i)
+                        if skipped is not None:
+                            parts.append(np.asarray(offsets, np.int64))
+                            parts.append(skipped)
+                            i = int(skipped[-1]) + sizes[kinds[-1]]
+                            offsets, kinds = [], []
+                        elif len(kinds) >= ALONE:
+                            rest = self._doubled(array, i)
+                            if rest is None:
+                                break
+                            parts.append(np.asarray(offsets, np.int64))
+                            parts.append(rest)
+                            offsets, i = [], n
+            except IndexError:  # a kind beyond the table
+                i = -1
+            if i == n:
+                parts.append(np.asarray(offsets, np.int64))
+                return np.concatenate(parts) if len(parts) > 1 else parts[0]
         return np.asarray(self.walk_cupti(data), np.int64)
+
+    def _doubled(self, array: np.ndarray, i: int) -> np.ndarray | None:
+        """The record offsets from word ``i`` on, by pointer doubling: records start 8-byte aligned, so each aligned
+        slot whose word is a kind of verified size is a candidate, pointing to the candidate its size leads to (or
+        to the end, or to nowhere); the records are the candidates on the chain from the one at ``i``, found in
+        log2(records) NumPy steps. None where the chain leads nowhere or past the end."""
+        if i & 1:
+            return None
+        table = np.asarray(self.size_words + [UNVERIFIED], np.int64)
+        table[table & 1 == 1] = UNVERIFIED  # records start 8-byte aligned: an odd size is no size
+        size = table[np.minimum(array[i::2], MAX_KIND)]
+        starts = np.flatnonzero(size < UNVERIFIED)  # candidate slots, from word i
+        if not starts.size or starts[0] != 0:
+            return None
+        chain = _chain(starts, starts * 2 + size[starts], array.size - i)
+        return None if chain is None else chain + i
+
+    def _repeat(self, array: np.ndarray, offsets: list[int], kinds: list[int], i: int) -> np.ndarray | None:
+        """If the last L records (L = 1 to 4) repeat the L before them: the offsets of the repetitions of that pattern
+        that follow from word ``i`` on, checked all at once; None when there are none."""
+        for length in (1, 2, 3, 4):
+            if len(kinds) < 2 * length or kinds[-length:] != kinds[-2 * length : -length]:
+                continue
+            start = offsets[-length]
+            period = i - start
+            if period <= 0 or start - offsets[-2 * length] != period:
+                continue
+            reps = (array.size - i) // period
+            if reps < 8:
+                return None
+            pattern = kinds[-length:]
+            if any(int(array[i + period * r + offsets[j - length] - start]) != pattern[j]
+                   for r in range(2) for j in range(length)):  # fmt: skip
+                return None  # the next two repetitions already break it: no NumPy step for nothing (a PyTorch
+                # step's records repeat in short runs, and each vain check cost ~25 µs)
+            rel = np.asarray(offsets[-length:], np.int64) - start
+            base = i + period * np.arange(reps, dtype=np.int64)
+            pos = base[:, None] + rel[None, :]
+            good = (array[pos] == np.asarray(kinds[-length:], np.uint32)[None, :]).all(axis=1)
+            count = reps if good.all() else int(np.argmin(good))
+            return pos[:count].ravel() if count else None
+        return None
 
     def walk_cupti(self, data: Any) -> list[int]:
         """Offsets (in 4-byte words) from ``cuptiActivityGetNextRecord`` on a copy; learns the record sizes it shows."""

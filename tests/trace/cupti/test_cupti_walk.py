@@ -1,6 +1,6 @@
-"""The CUPTI record walk (trace/cupti/walk.py) on hand-made activity buffers: the walk by pointer doubling must visit
-exactly the records a one-by-one walk by the same record sizes visits, and leave to CUPTI's walk a buffer whose chain
-of sizes leads nowhere. Runs without a GPU (no libcupti is loaded)."""
+"""The CUPTI record walk (trace/cupti/walk.py) on hand-made activity buffers: the walk that skips runs and the one by
+pointer doubling must each visit exactly the records a one-by-one walk by the same record sizes visits, and leave to
+CUPTI's walk a buffer whose chain of sizes leads nowhere. Runs without a GPU (no libcupti is loaded)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuworkbench.trace.cupti.walk import UNVERIFIED, RecordWalker
+from gpuworkbench.trace.cupti import walk
+from gpuworkbench.trace.cupti.walk import ALONE, UNVERIFIED, RecordWalker
 
 SIZES = {5: 40, 39: 24, 10: 200, 1: 88, 2: 64}  # kind -> record bytes (API, external id, kernel, memcpy, memset)
 
@@ -62,7 +63,23 @@ def test_any_mix_of_runs_and_odd_records_walks_like_one_by_one(parts):
     if not kinds:
         kinds = [10]
     data, offsets = buffer(kinds)
-    assert raw_walker().walk(data).tolist() == offsets
+    try:
+        for alone in (16, 1 << 30):  # pointer doubling after the first vain look for a run, and never
+            walk.ALONE = alone
+            assert raw_walker().walk(data).tolist() == offsets
+    finally:
+        walk.ALONE = ALONE
+
+
+def test_records_that_do_not_repeat_are_walked_by_pointer_doubling(monkeypatch):
+    raw = raw_walker()
+    kinds = [5, 39, 10, 1, 2, 5, 10, 10, 2, 1, 39, 5, 1] * 20  # no run of 1 to 4 records repeats twice in a row
+    data, offsets = buffer(kinds)
+    doubled: list[int] = []
+    original = raw._doubled
+    monkeypatch.setattr(raw, "_doubled", lambda array, i: doubled.append(i) or original(array, i))
+    assert raw.walk(data).tolist() == offsets
+    assert doubled and doubled[0] == offsets[walk.ALONE]  # the rest after ALONE records one by one
 
 
 def test_a_kind_of_unknown_size_falls_back_to_cuptis_walk(monkeypatch):
