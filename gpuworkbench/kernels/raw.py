@@ -86,12 +86,13 @@ class Kernel:
 
     def resources(self) -> tuple[int, int]:
         """(registers per thread, shared bytes per block) its launches use, -1 where not known: what the backend says
-        of the compiled kernel (``BackendDevice.kernel_resources``), else the shared bytes its source declares.
-        Asked at its first traced launch, then kept: a trace reports them with each launch's grid and block."""
+        of the compiled kernel (``BackendDevice.kernel_resources``), but never less than the shared bytes its source
+        declares (PoCL 5.0 answers 0 for a kernel's ``__local`` arrays). Asked at its first traced launch, then kept:
+        a trace reports them with each launch's grid and block."""
         found = self._resources
         if found is None:
             registers, shared = self.device.backend_device.kernel_resources(self._raw)
-            found = self._resources = (registers, shared if shared >= 0 else self.declared_shared)
+            found = self._resources = (registers, max(shared, self.declared_shared))
         return found
 
     def __call__(

@@ -193,6 +193,16 @@ def tile_copy(i: gw.index, out: gw.f32[:], x: gw.f32[:], n: gw.i32):
         out[i] = tile[lid]
 
 
+def test_a_driver_that_says_less_shared_memory_than_the_kernel_declares_is_not_believed(monkeypatch):
+    dev = open_device("opencl")
+    x, out = dev.alloc(64), dev.alloc(64)
+    monkeypatch.setattr(type(dev.backend_device), "kernel_resources", lambda self, kernel: (-1, 0))  # as PoCL 5.0
+    with gw.trace() as t:
+        tile_copy.launch(64, out, x, 64)
+        dev.synchronize()
+    assert t.table()["shared_bytes"].tolist() == [256]
+
+
 @pytest.mark.parametrize("backend", ["cpu", "opencl"])
 def test_our_kernels_report_the_block_they_ran_with_and_the_shared_memory_they_declare(backend):
     dev = open_device(backend)
