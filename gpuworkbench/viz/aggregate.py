@@ -29,7 +29,8 @@ def aggregate(
     """Cells of the spans (``row`` and ``style`` codes, ``start`` / ``end`` times) over ``[lo, hi]`` in ``bins`` bins.
 
     Returns columns ``row``, ``bin``, ``left``, ``right`` (the bin's edges), ``count``, ``busy`` (0..1) and ``style``
-    for every cell that holds a span or part of one, ordered by row then bin.
+    for every cell that holds a span or part of one, ordered by row then bin. ``n_rows``: the rows in all (the
+    browser's version sizes its arrays by it; here only the cells and styles that occur are made).
     """
     row = np.asarray(row, dtype=np.int64)
     style = np.asarray(style, dtype=np.int64)
@@ -37,7 +38,6 @@ def aggregate(
     end = np.maximum(np.asarray(end, dtype=np.float64), start)
     bins = max(int(bins), 1)
     width = (hi - lo) / bins if hi > lo else 1.0
-    cells = n_rows * bins
 
     if start.size == 0:
         empty = np.zeros(0, np.int64)
@@ -66,9 +66,7 @@ def aggregate(
     # Counts: each span in view once, in the bin where its visible part starts.
     seen = (end >= lo) & (start <= hi)
     first = np.clip(((np.maximum(start, lo) - lo) / width).astype(np.int64), 0, bins - 1)
-    count_by_style = np.bincount(
-        (row[seen] * bins + first[seen]) * n_styles + style[seen], minlength=cells * n_styles
-    ).reshape(cells, n_styles)
+    counted = (row[seen] * bins + first[seen]) * n_styles + style[seen]
 
     # Busy time: the covered piece [a, b) of each span, split over the bins it crosses.
     covered = b > a
@@ -88,21 +86,32 @@ def aggregate(
         pieces.append((cell0[which] + 1 + offset, cstyle[which], np.full(which.size, width)))
     index = np.concatenate([(cell * n_styles + s) for cell, s, _ in pieces])
     weight = np.concatenate([w for _, _, w in pieces])
-    busy_by_style = np.bincount(index, weights=weight, minlength=cells * n_styles).reshape(cells, n_styles)
 
-    busy = busy_by_style.sum(axis=1)
-    count = count_by_style.sum(axis=1)
-    keep = np.flatnonzero((count > 0) | (busy > 0))
-    score = busy_by_style[keep] + 1e-9 * width * count_by_style[keep]
-    bin_of = keep % bins
+    # Only the (cell, style) pairs that occur: a thousand spans touch a few thousand of rows x bins x styles.
+    pairs, at = np.unique(np.concatenate([counted, index]), return_inverse=True)
+    at = at.ravel()
+    count_by_pair = np.bincount(at[: counted.size], minlength=pairs.size)
+    busy_by_pair = np.bincount(at[counted.size :], weights=weight, minlength=pairs.size)
+    cell_of = pairs // n_styles
+    cells_at = np.flatnonzero(np.diff(cell_of, prepend=-1))  # pairs are sorted: each cell's first pair
+    count = np.add.reduceat(count_by_pair, cells_at) if pairs.size else count_by_pair
+    busy = np.add.reduceat(busy_by_pair, cells_at) if pairs.size else busy_by_pair
+    # The style that covers the most of a cell (its count breaks a tie, then the lowest style): the first of each
+    # cell's pairs in order of falling score.
+    score = busy_by_pair + 1e-9 * width * count_by_pair
+    best = np.lexsort((pairs % n_styles, -score, cell_of))
+    top = best[np.flatnonzero(np.diff(cell_of[best], prepend=-1))]
+    keep = (count > 0) | (busy > 0)
+    cell = cell_of[cells_at][keep]
+    bin_of = cell % bins
     return {
-        "row": keep // bins,
+        "row": cell // bins,
         "bin": bin_of,
         "left": lo + bin_of * width,
         "right": lo + (bin_of + 1) * width,
         "count": count[keep],
         "busy": np.minimum(busy[keep] / width, 1.0),
-        "style": np.argmax(score, axis=1) if keep.size else np.zeros(0, np.int64),
+        "style": (pairs[top] % n_styles)[keep],
     }
 
 
