@@ -124,6 +124,8 @@ def main() -> None:
     if args.profile:
         print(f"== cProfile of {', '.join(args.profile)} (cumulative)")
         pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
+        print("== by own time")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
 
 
 if __name__ == "__main__":
