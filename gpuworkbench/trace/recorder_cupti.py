@@ -93,7 +93,19 @@ def cuda_in_process() -> bool:
 
 
 def _cuda_name(ordinal: int) -> str:
-    """A CUDA device's name, asked of whichever library is loaded (no new CUDA context is made for it)."""
+    """A CUDA device's name, asked of whichever library is loaded (no new CUDA context is made for it), once."""
+    name = _CUDA_NAMES.get(ordinal)
+    if name is None:
+        name = _ask_cuda_name(ordinal)
+        if not name.startswith("CUDA device "):
+            _CUDA_NAMES[ordinal] = name
+    return name
+
+
+_CUDA_NAMES: dict[int, str] = {}
+
+
+def _ask_cuda_name(ordinal: int) -> str:
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         try:

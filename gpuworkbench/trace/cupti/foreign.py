@@ -13,6 +13,7 @@ columns: no Python object per record.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -34,8 +35,10 @@ _DEMANGLE: Any = None
 _DEMANGLE_LOCK = threading.Lock()
 
 
+@functools.lru_cache(maxsize=8192)
 def demangle(name: str) -> str:
-    """A C++ symbol's readable name (``__cxa_demangle`` from libstdc++); the name itself when it is not mangled."""
+    """A C++ symbol's readable name (``__cxa_demangle`` from libstdc++); the name itself when it is not mangled.
+    Remembered: every trace of a notebook meets the same kernels."""
     global _DEMANGLE
     if not name.startswith("_Z"):
         return name
@@ -106,7 +109,6 @@ class ForeignRecords:
         self._names_of = names_of
         self._calls: dict[str, np.ndarray] | None = None
         self._open: dict[int, tuple[int, int, str, str]] = {}  # NVTX id -> (start, thread, name, domain)
-        self._names: dict[str, str] = {}  # mangled -> demangled
         self._labelled: set[tuple[int, int]] = set()
         self._cycle = 0
         self.own_addresses: set[int] = set()  # device pointers of the workbench's own buffers
@@ -159,7 +161,7 @@ class ForeignRecords:
         device = self._device_of(rec["device_id"].astype(np.int64))
         stream = FOREIGN_STREAM_BASE + rec["stream_id"].astype(np.int64)
         pointers, inverse = np.unique(rec["name"], return_inverse=True)  # a name read and demangled once
-        names = np.array([self._demangled(x) for x in self._names_of(pointers).tolist()], dtype=object)
+        names = np.array([demangle(x) for x in self._names_of(pointers).tolist()], dtype=object)
         names = names[inverse.ravel()]
         corr = rec["correlation_id"].astype(np.int64)
         enqueue = np.full(n, -1, np.int64)
@@ -228,12 +230,6 @@ class ForeignRecords:
             "block": np.zeros(m, np.int64),
             "loc": loc,
         }
-
-    def _demangled(self, name: str) -> str:
-        out = self._names.get(name)
-        if out is None:
-            out = self._names[name] = demangle(name)
-        return out
 
     def _label_streams(self, device: np.ndarray, stream: np.ndarray, names: np.ndarray, kinds: np.ndarray) -> None:
         keys = set(zip(device.tolist(), stream.tolist())) - self._labelled
