@@ -12,6 +12,7 @@ columns: no Python object per record.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import threading
@@ -29,7 +30,10 @@ FOREIGN_STREAM_BASE = 1 << 20
 CALL_KEEP = 20
 #: CUPTI_ACTIVITY_FLAG_MARKER_INSTANTANEOUS / _START / _END.
 _MARKER_INSTANT, _MARKER_START, _MARKER_END = 1, 2, 4
-_KIND_OF = {"kernel": "kernel", "h2d": "h2d", "d2h": "d2h", "d2d": "d2d", "memset": "memset", "other_copy": "d2d"}
+#: A record's kind -> its span's kind code; any other copy direction ("other_copy") counts as device to device.
+_CODE_OF = collections.defaultdict(
+    lambda: KIND_CODE["d2d"], {k: KIND_CODE[k] for k in ("kernel", "h2d", "d2h", "memset")}
+)
 _LIBRARIES = (("at::", "torch"), ("c10::", "torch"), ("pytorch", "torch"), ("cupy_", "cupy"), ("cupy::", "cupy"))
 _DEMANGLE: Any = None
 _DEMANGLE_LOCK = threading.Lock()
@@ -157,7 +161,7 @@ class ForeignRecords:
         self, rec: dict[str, np.ndarray], calls: dict[str, np.ndarray] | None, offset: int
     ) -> list[dict[str, np.ndarray]]:
         n = rec["start"].size
-        kinds = per_distinct(lambda k: KIND_CODE[_KIND_OF.get(k, "d2d")], rec["kind"]).astype(np.int8)
+        kinds = np.fromiter(map(_CODE_OF.__getitem__, rec["kind"].tolist()), np.int8, n)
         device = self._device_of(rec["device_id"].astype(np.int64))
         stream = FOREIGN_STREAM_BASE + rec["stream_id"].astype(np.int64)
         pointers, inverse = np.unique(rec["name"], return_inverse=True)  # a name read and demangled once
