@@ -250,7 +250,14 @@ class TextEncoder:
         return JSON.encode(ValueEncoder(self).encode(column))
 
     def strings(self, column: np.ndarray) -> str:
-        """A 1-d object column: as codes into its distinct strings where they repeat enough, else as Bokeh does."""
+        """A 1-d object column: as codes into its distinct strings where they repeat enough (those it was made from,
+        for a ``Coded`` column), else as Bokeh does."""
+        if self.coded and len(column) >= CODE_MIN:
+            made = getattr(column, "codes", None)
+            if made is not None and len(made) == len(column):
+                strings = column.strings
+                if len(strings) * 2 <= len(column) and all(type(x) is str for x in strings):
+                    return self._coded(made, strings)
         items = column.tolist()  # strings as Bokeh writes them, without an encode call per item
         if self.coded and len(items) >= CODE_MIN:
             coded = self._codes(items)
@@ -268,13 +275,15 @@ class TextEncoder:
         if len(distinct) * 2 > len(items) or not all(type(x) is str for x in distinct):
             return None
         index = {s: i for i, s in enumerate(distinct)}
-        width = 1 if len(index) <= 0x100 else 2 if len(index) <= 0x10000 else 4
-        codes = np.fromiter(map(index.__getitem__, items), dtype=f"u{width}", count=len(items))
+        codes = np.fromiter(map(index.__getitem__, items), dtype=np.int64, count=len(items))
+        return self._coded(codes, list(distinct))
+
+    def _coded(self, codes: np.ndarray, strings: list[str]) -> str:
+        width = 1 if len(strings) <= 0x100 else 2 if len(strings) <= 0x10000 else 4
         self.coded_columns += 1
-        data = base64.b64encode(codes.tobytes()).decode("ascii")
+        data = base64.b64encode(codes.astype(f"u{width}").tobytes()).decode("ascii")
         return (
-            f'{{"type":"{CODED}","codes":"{data}","width":{width},"strings":{JSON.encode(list(distinct))},'
-            f'"order":"{_ORDER}"}}'
+            f'{{"type":"{CODED}","codes":"{data}","width":{width},"strings":{JSON.encode(strings)},"order":"{_ORDER}"}}'
         )
 
     def b64(self, raw: bytes) -> str:

@@ -14,6 +14,7 @@ from gpuworkbench.trace.device_limits import DeviceLimits
 from gpuworkbench.trace.lines import Location, short_file
 from gpuworkbench.trace.spans import HOST_KINDS, HOST_STREAM, KIND_CODE, KINDS
 
+from .coded import coded
 from .palette import HOST_WAIT, STATE_COLORS, STYLE_COLORS, STYLES
 from .timeline_launch import launch_text
 
@@ -63,8 +64,6 @@ SPAN_COLUMNS = (
 STATE_COLUMNS = ("left", "right", "row", "state", "duration_us")
 CELL_COLUMNS = ("left", "right", "row", "style", "count", "busy", "alpha")
 
-_KIND_NAMES = np.array(KINDS, dtype=object)
-_STYLE_NAMES = np.array(STYLES, dtype=object)
 _COPY_KINDS = np.array([k in ("h2d", "d2h", "d2d") for k in KINDS])
 _HOST_KIND = np.array([k in HOST_KINDS for k in KINDS])
 #: The style code of host waits (hatched).
@@ -163,8 +162,9 @@ class RowLayout:
     def labels(self, devices: np.ndarray, streams: np.ndarray) -> np.ndarray:
         """The row label of every span (an object array), for rows already added."""
         keys, inverse = np.unique(_row_key(devices, streams), return_inverse=True)
-        names = np.array([self._label_of[int(k)] for k in keys], dtype=object)
-        return names[inverse.reshape(-1)] if keys.size else np.zeros(0, dtype=object)
+        if not keys.size:
+            return np.zeros(0, dtype=object)
+        return coded([self._label_of[int(k)] for k in keys], inverse.reshape(-1))
 
     def codes(self, devices: np.ndarray, streams: np.ndarray) -> np.ndarray:
         """The position of every span's row in ``top_to_bottom`` (int64), for rows already added."""
@@ -311,10 +311,10 @@ def span_lines(table: Mapping[str, np.ndarray], locations: Sequence[Location] | 
     loc = np.asarray(table["loc"], np.int64) if "loc" in table else np.full(n, -1, np.int64)
     if not locations:
         return np.full(n, -1, np.int64), np.full(n, "", dtype=object)
-    labels = np.array([*(line_label(location) for location in locations), ""], dtype=object)
+    labels = [*(line_label(location) for location in locations), ""]
     known = (loc >= 0) & (loc < len(locations))
     loc = np.where(known, loc, -1)
-    return loc, labels[loc]  # -1 picks the trailing ""
+    return loc, coded(labels, np.where(known, loc, len(locations)))  # the trailing "" where none
 
 
 def span_columns(
@@ -358,8 +358,8 @@ def span_columns(
         "left": (start - t0_ns) / 1e6,
         "right": (end - t0_ns) / 1e6,
         "row": rows.labels(table["device"], table["stream"]),
-        "kind": _KIND_NAMES[kind],
-        "style": _STYLE_NAMES[span_styles(table)],
+        "kind": coded(KINDS, kind),
+        "style": coded(STYLES, span_styles(table)),
         "name": names,
         "bytes": nbytes,
         "gbps": gbps,
@@ -549,8 +549,8 @@ def cell_columns(cells: Mapping[str, np.ndarray], row_names: list[str]) -> dict[
     return {
         "left": np.asarray(cells["left"], dtype=np.float64)[first],
         "right": np.asarray(cells["right"], dtype=np.float64)[last],
-        "row": np.array(row_names, dtype=object)[row[first]],
-        "style": np.array(ALL_STYLES, dtype=object)[style[first]],
+        "row": coded(row_names, row[first]),
+        "style": coded(ALL_STYLES, style[first]),
         "count": np.add.reduceat(np.asarray(cells["count"], dtype=np.int64), first),
         "busy": np.add.reduceat(busy, first) / length,
         "alpha": 0.25 + 0.75 * step[first] / BUSY_STEPS,

@@ -1,0 +1,32 @@
+"""A column of strings made from codes into a few distinct strings, keeping both, so that a document's encoder sends
+the codes it was made from (``doc_text``) instead of finding them again item by item."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+class Coded(np.ndarray):
+    """An object array of strings that keeps the ``codes`` (non-negative ints) and ``strings`` it was made from. An
+    array derived from it (a slice, a copy, a selection) keeps neither; it must not be changed in place."""
+
+    codes: np.ndarray | None
+    strings: list[str] | None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.codes = None
+        self.strings = None
+
+
+def coded(strings: Sequence[str] | np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """``strings[codes]`` as a ``Coded`` column (``codes``: non-negative indices into ``strings``)."""
+    table = np.empty(len(strings), dtype=object)
+    table[:] = list(strings)
+    codes = np.asarray(codes, dtype=np.int64)
+    out = table[codes].view(Coded)
+    out.codes = codes
+    out.strings = table.tolist()
+    return out
