@@ -30,3 +30,11 @@ def coded(strings: Sequence[str] | np.ndarray, codes: np.ndarray) -> np.ndarray:
     out.codes = codes
     out.strings = table.tolist()
     return out
+
+
+def take(column: Any, index: np.ndarray) -> np.ndarray:
+    """``column[index]`` as an array, a ``Coded`` one (its codes taken too) where ``column`` is one."""
+    codes = getattr(column, "codes", None)
+    if codes is not None and len(codes) == len(column):
+        return coded(column.strings, codes[index])
+    return np.asarray(column)[index]

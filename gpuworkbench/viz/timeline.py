@@ -48,6 +48,7 @@ from gpuworkbench.trace.spans import KIND_CODE
 
 from . import timeline_js
 from .aggregate import aggregate
+from .coded import take
 from .palette import HOST_WAIT, HOST_WAIT_HATCH, STATE_COLORS, STYLE_COLORS, STYLE_INK, STYLES
 from .timeline_data import (
     ALL_COLORS,
@@ -132,7 +133,7 @@ def timeline_values(
         span_data = span_columns(table, rows, t0_ns, links, locations)
         # ranges first, outermost first: each drawn under what it encloses
         behind = np.lexsort((np.asarray(span_data["depth"]), np.asarray(table["kind"]) != RANGE_KIND))
-        span_data = {col: np.asarray(values)[behind] for col, values in span_data.items()}
+        span_data = {col: take(values, behind) for col, values in span_data.items()}
     waits = np.asarray(span_data["style"], dtype=object) == HOST_WAIT
     wait_data = {col: np.asarray(span_data[col])[waits] for col in ("left", "right", "row", "height")}
     columns: dict[str, np.ndarray] | None = None

@@ -432,7 +432,7 @@ def state_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) 
     lefts = np.concatenate([p[1] for p in parts])
     rights = np.concatenate([p[2] for p in parts])
     states = np.concatenate([p[3] for p in parts])
-    row = np.concatenate([np.full(p[1].size, rows.state_label(p[0]), dtype=object) for p in parts])
+    row = coded([rows.state_label(p[0]) for p in parts], np.repeat(np.arange(len(parts)), [p[1].size for p in parts]))
     return {
         "left": (lefts - t0_ns) / 1e6,
         "right": (rights - t0_ns) / 1e6,
