@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuworkbench.trace.analysis import STATES, state_segments
+from gpuworkbench.trace.analysis import STATE_OF_MASK, STATES, state_segments
 from gpuworkbench.trace.device_limits import DeviceLimits
 from gpuworkbench.trace.lines import Location, short_file
 from gpuworkbench.trace.spans import HOST_KINDS, HOST_STREAM, KIND_CODE, KINDS
@@ -418,26 +418,25 @@ def state_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) 
         if not rows.has_state_strip(device):
             continue
         seg = state_segments(table, device)
-        state = seg["state"]
-        if state.size == 0:
+        mask = seg["mask"]
+        if mask.size == 0:
             continue
-        first = np.ones(state.size, dtype=bool)
-        first[1:] = state[1:] != state[:-1]
+        first = np.ones(mask.size, dtype=bool)
+        first[1:] = mask[1:] != mask[:-1]
         starts = np.flatnonzero(first)
-        ends = np.append(starts[1:], state.size) - 1
-        parts.append((device, seg["start_ns"][starts], seg["end_ns"][ends], state[starts]))
+        ends = np.append(starts[1:], mask.size) - 1
+        parts.append((device, seg["start_ns"][starts], seg["end_ns"][ends], mask[starts]))
     if not parts:
         times, labels = np.zeros(0), np.zeros(0, dtype=object)
         return {"left": times, "right": times, "row": labels, "state": labels, "duration_us": times}
     lefts = np.concatenate([p[1] for p in parts])
     rights = np.concatenate([p[2] for p in parts])
-    states = np.concatenate([p[3] for p in parts])
-    row = coded([rows.state_label(p[0]) for p in parts], np.repeat(np.arange(len(parts)), [p[1].size for p in parts]))
+    strip = np.repeat(np.arange(len(parts)), [p[1].size for p in parts])
     return {
         "left": (lefts - t0_ns) / 1e6,
         "right": (rights - t0_ns) / 1e6,
-        "row": row,
-        "state": states,
+        "row": coded([rows.state_label(p[0]) for p in parts], strip),
+        "state": coded(STATE_OF_MASK, np.concatenate([p[3] for p in parts])),
         "duration_us": (rights - lefts) / 1e3,
     }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .advice import Advice, CrossoverPoint, Crossovers
 from .cross import CrossDevice, PeerCopies, cross_device
-from .device import DEFAULT_THETA_NS, GAP_CAUSES, STATES, gap_causes, state_segments, summarize
+from .device import DEFAULT_THETA_NS, GAP_CAUSES, STATE_OF_MASK, STATES, gap_causes, state_segments, summarize
 from .intervals import Intervals, clip, difference, intersection, total_length, union
 from .summary import DeviceSummary, Summary
 
@@ -31,6 +31,7 @@ __all__ = [
     "difference",
     "gap_causes",
     "intersection",
+    "STATE_OF_MASK",
     "state_segments",
     "summarize",
     "total_length",

@@ -33,7 +33,8 @@ DEFAULT_THETA_NS = 5_000
 
 # Bit masks of the sweep: H = 1, D = 2, K = 4; the state name of every mask.
 _H, _D, _K = 1, 2, 4
-_STATE_OF_MASK: tuple[str, ...] = ("idle", "H", "D", "H+D", "K", "H+K", "D+K", "H+D+K")
+#: The state of each engine mask (bit 1: host, 2: copies, 4: kernels).
+STATE_OF_MASK: tuple[str, ...] = ("idle", "H", "D", "H+D", "K", "H+K", "D+K", "H+D+K")
 
 
 def _engine_sweep(spans: DeviceSpans) -> tuple[np.ndarray, np.ndarray]:
@@ -49,7 +50,7 @@ def _states(spans: DeviceSpans) -> dict[str, int]:
     lengths, masks = np.diff(bounds), masks[:-1]
     by_mask = [int(lengths[masks == m].sum()) for m in range(8)]
     by_mask[0] = (spans.w1 - spans.w0) - sum(by_mask[1:])
-    return {state: by_mask[_STATE_OF_MASK.index(state)] for state in STATES}
+    return {state: by_mask[STATE_OF_MASK.index(state)] for state in STATES}
 
 
 # --- gaps -----------------------------------------------------------------------------------------------------------
@@ -241,10 +242,11 @@ def state_segments(
 ) -> dict[str, np.ndarray]:
     """Consecutive segments covering the device's window, each in one of the 8 states (idle included).
 
-    The timeline's overlap strip draws them: ``start_ns``, ``end_ns`` (int64) and ``state`` (strings from STATES).
+    The timeline's overlap strip draws them: ``start_ns``, ``end_ns`` (int64), ``state`` (strings from STATES) and
+    ``mask`` (each state's engine mask: ``STATE_OF_MASK[mask]`` is its name).
     """
     check_table(table)
     spans = device_spans(table, device, check_window(window))
     bounds, masks = _engine_sweep(spans)
-    names = np.array(_STATE_OF_MASK, dtype=object)
-    return {"start_ns": bounds[:-1], "end_ns": bounds[1:], "state": names[masks[:-1]]}
+    names = np.array(STATE_OF_MASK, dtype=object)
+    return {"start_ns": bounds[:-1], "end_ns": bounds[1:], "state": names[masks[:-1]], "mask": masks[:-1]}
