@@ -79,6 +79,23 @@ def read_cache(path: Path) -> dict[str, Any]:
     return data
 
 
+def _shared_cache(path: Path) -> dict[str, Any]:
+    """``read_cache(path)``, parsed once per version of the file (its inode, mtime and size), for readers that
+    change nothing in it: every traced cell's summary looks its devices up."""
+    try:
+        st = path.stat()
+    except OSError:
+        return read_cache(path)
+    stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+    kept = _SHARED.get(path)
+    if kept is None or kept[0] != stamp:
+        kept = _SHARED[path] = (stamp, read_cache(path))
+    return kept[1]
+
+
+_SHARED: dict[Path, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+
+
 def _write_cache(path: Path, key: str, entry: dict[str, Any]) -> None:
     """Merge ``entry`` into the file under ``key`` (read again first: another process may have written) and drop
     the same device's results of other library versions. Written to a temporary file, then renamed."""
@@ -128,7 +145,7 @@ def cached_result(
 
 
 def _cached(backend: str, name: str, spec: str, ops: list[str], dtype: str = "float32") -> CrossoverResult | None:
-    entry = read_cache(cache_path())["devices"].get(device_key(backend, name))
+    entry = _shared_cache(cache_path())["devices"].get(device_key(backend, name))
     if not entry:
         return None
     result = CrossoverResult(
@@ -161,7 +178,7 @@ def cached_crossovers(trace: Any) -> dict[int, dict[str, CrossoverPoint]]:
     found = {}
     for number, clock in getattr(trace, "devices", {}).items():
         backend = str(clock.key).split(":", 1)[0]
-        entry = read_cache(cache_path())["devices"].get(device_key(backend, clock.name)) or {}
+        entry = _shared_cache(cache_path())["devices"].get(device_key(backend, clock.name)) or {}
         dtypes = {key.partition(":")[2] or "float32" for key in entry.get("ops", {})}
         points: dict[str, CrossoverPoint] = {}
         for dtype in sorted(dtypes, key=lambda d: d != "float32"):

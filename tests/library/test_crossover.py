@@ -119,6 +119,22 @@ def test_results_of_another_library_version_are_not_reused(cpu, cache, monkeypat
     assert keys == [crossover_cache.device_key("cpu", cpu.name, "0.0.0+changed")]  # the stale entry is dropped
 
 
+def test_readers_parse_the_cache_file_once_per_version_of_it(monkeypatch, tmp_path):
+    path = tmp_path / "crossover.json"
+    path.write_text(json.dumps({"format": crossover_cache.FORMAT, "devices": {"a": {}}}))
+    parsed: list = []
+    read = crossover_cache.read_cache
+    monkeypatch.setattr(crossover_cache, "read_cache", lambda p: parsed.append(p) or read(p))
+    assert crossover_cache._shared_cache(path)["devices"] == {"a": {}}
+    assert crossover_cache._shared_cache(path)["devices"] == {"a": {}} and len(parsed) == 1
+    tmp = tmp_path / "new.json"  # as the writer does: a new file renamed over the old
+    tmp.write_text(json.dumps({"format": crossover_cache.FORMAT, "devices": {"b": {}}}))
+    tmp.replace(path)
+    assert crossover_cache._shared_cache(path)["devices"] == {"b": {}} and len(parsed) == 2
+    path.unlink()
+    assert crossover_cache._shared_cache(path)["devices"] == {}
+
+
 def test_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setenv(crossover_cache.CACHE_ENV, str(tmp_path / "here"))
     assert crossover_cache.cache_path() == tmp_path / "here" / "crossover.json"
