@@ -38,6 +38,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_any_cuda import pipeline_setup  # noqa: E402
@@ -289,9 +290,9 @@ class ShownClock:
         return (self.marks["published"][-1] - self.marks["code returned"][-1]) / 1e6
 
 
-def shown(rounds: int) -> list[dict]:
-    """``--shown``: a ``%%gpu`` cell with its picture, in a shell that displays as a notebook kernel does, against the
-    same code untraced, alternating; medians of the body, the whole ``run_cell`` and code returned -> published."""
+def shown_shell() -> tuple[Any, str, str]:
+    """(shell, what, work): an IPython shell that displays as a notebook kernel does, with ``%load_ext gpuworkbench``
+    and ``shown_workload``'s set-up run in it."""
     from IPython.core.displaypub import CapturingDisplayPublisher
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -302,6 +303,13 @@ def shown(rounds: int) -> list[dict]:
     shell.run_cell("%load_ext gpuworkbench", store_history=False).raise_error()
     what, setup, work = shown_workload()
     shell.run_cell(setup, store_history=False).raise_error()
+    return shell, what, work
+
+
+def shown(rounds: int) -> list[dict]:
+    """``--shown``: a ``%%gpu`` cell with its picture, in a shell that displays as a notebook kernel does, against the
+    same code untraced, alternating; medians of the body, the whole ``run_cell`` and code returned -> published."""
+    shell, what, work = shown_shell()
     clock = ShownClock(shell)
     timed = "_t0 = _clock()\n{work}_ms = (_clock() - _t0) / 1e6\n"
     shell.user_ns["_clock"] = time.perf_counter_ns

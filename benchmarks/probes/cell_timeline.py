@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_notebook_cells import LOOP, shown_workload  # noqa: E402
+from bench_notebook_cells import LOOP, shown_shell  # noqa: E402
 
 
 def steps() -> list[tuple[object, str]]:
@@ -52,15 +52,7 @@ def main() -> None:
     parser.add_argument("--profile", nargs="*", default=[], help="steps to profile, e.g. Trace._add_foreign")
     args = parser.parse_args()
     profile = cProfile.Profile()
-    from IPython.core.displaypub import CapturingDisplayPublisher
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
-    shell.kernel = type("Kernel", (), {"io_loop": LOOP})()
-    shell.display_pub = CapturingDisplayPublisher()
-    shell.run_cell("%load_ext gpuworkbench", store_history=False).raise_error()
-    what, setup, work = shown_workload()
-    shell.run_cell(setup, store_history=False).raise_error()
+    shell, what, work = shown_shell()
     events: list[tuple[str, str, int, int]] = []
     main_thread = threading.main_thread()
 
