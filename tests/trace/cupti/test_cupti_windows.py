@@ -344,6 +344,21 @@ def test_a_watched_trace_decodes_at_every_harvest_and_stopping_decodes_the_rest(
     assert [s.name for s in t.spans] == ["op1", "op2"] and t.stats.lost == 0
 
 
+def test_a_stopped_trace_with_nothing_of_its_own_left_harvests_once_after_cuptis_last_flush():
+    t = offline_trace()
+    t._cupti_session = t._cupti.session  # its own source: stopping ends with CUPTI's stop and a harvest
+    try:
+        feed(t, 1, 7)
+        assert wait_for(lambda: t.stats.deferred_harvests >= 1)
+        assert t.table(wait=False)["name"].tolist() == ["op1"]  # the read decodes it: nothing of its own is left
+        t._read_at = -1e9  # unwatched: the harvester's wakes while it records leave CUPTI alone
+        before = t.stats.harvest_cycles
+    finally:
+        t.stop()
+    assert t.wait_pending(5)
+    assert t.stats.harvest_cycles == before + 1 and [s.name for s in t.spans] == ["op1"]
+
+
 def test_a_backlog_past_the_bound_is_decoded_even_unread(monkeypatch):
     from gpuworkbench.trace import recorder_harvest
 
