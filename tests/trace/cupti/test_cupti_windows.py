@@ -352,6 +352,8 @@ def test_a_stopped_trace_with_nothing_of_its_own_left_harvests_once_after_cuptis
         assert wait_for(lambda: t.stats.deferred_harvests >= 1)
         assert t.table(wait=False)["name"].tolist() == ["op1"]  # the read decodes it: nothing of its own is left
         t._read_at = -1e9  # unwatched: the harvester's wakes while it records leave CUPTI alone
+        deferred = t.stats.deferred_harvests
+        assert wait_for(lambda: t.stats.deferred_harvests > deferred)  # a harvest begun while watched is over
         before = t.stats.harvest_cycles
     finally:
         t.stop()
