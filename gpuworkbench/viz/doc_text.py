@@ -15,6 +15,7 @@ import base64
 import gzip
 import os
 import sys
+import weakref
 from dataclasses import dataclass, field
 from math import isfinite
 from typing import Any
@@ -295,11 +296,12 @@ class TextEncoder:
 class _Watched(dict):
     """A model's store of set properties (Bokeh's ``_property_values``, ``_unstable_default_values``) that marks the
     model's entries, and the entries whose text holds theirs, dirty when a property is given a value: every set, and
-    every change of a container in place, ends in a store here (Bokeh's ``PropertyDescriptor._set_value``)."""
+    every change of a container in place, ends in a store here (Bokeh's ``PropertyDescriptor._set_value``). The
+    entries are held weakly: a model shown by many layouts (the documents' config) keeps none of their caches."""
 
     __slots__ = ("entries",)
 
-    entries: list[Entry]
+    entries: weakref.WeakSet[Entry]
 
     @classmethod
     def watch(cls, model: Model, entry: Entry) -> None:
@@ -307,9 +309,9 @@ class _Watched(dict):
             store = getattr(model, name)
             if type(store) is not cls:
                 store = cls(store)
-                store.entries = []
+                store.entries = weakref.WeakSet()
                 setattr(model, name, store)
-            store.entries.append(entry)
+            store.entries.add(entry)
 
     def _changed(self) -> None:
         for entry in self.entries:

@@ -240,6 +240,24 @@ def test_only_models_given_new_values_and_their_holders_are_visited_again_and_mo
         TextEncoder._refresh = refresh
 
 
+def test_a_model_shown_by_many_layouts_keeps_none_of_their_caches():
+    import gc
+
+    from gpuworkbench.viz.notebook_doc import _config
+
+    layout = trace_layout(traced("<cell doc 10>", 3, 1 << 10))
+    notebook_bundle(layout, {})
+    gc.collect()
+    before = len(_config()._property_values.entries)  # every document's config model, kept layouts' caches elsewhere
+    for _ in range(3):
+        notebook_bundle(layout, {})  # a cache each time, dropped after
+    gc.collect()
+    assert len(_config()._property_values.entries) == before  # no entry outlives its cache
+    cache: dict = {}
+    notebook_bundle(layout, cache)
+    assert len(_config()._property_values.entries) == before + 1
+
+
 def test_a_bokeh_whose_private_store_differs_falls_back_to_bokehs_own_show(monkeypatch):
     """Where our encoder meets a Bokeh it does not know (an attribute gone), the picture is shown by ``bokeh.io.show``,
     and from then on too; nothing is lost."""
