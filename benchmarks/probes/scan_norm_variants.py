@@ -188,7 +188,7 @@ def cumsum_rakes2(ty: str, direct: bool):
 def layer_norm_shifted(ty: str, U: int):
     T, ACC = SCALAR_TYPES[ty], acc_type(ty)
 
-    @gw.kernel(name=f"layer_norm_shifted_{ty}", block=ROW, distinct=True)
+    @gw.kernel(name=f"layer_norm_shifted_{ty}_{U}", block=ROW, distinct=True)
     def layer_norm_shifted(i: gw.index, out: T[:, gw.width.cols], x: T[:, gw.width.cols], gamma: T[:], beta: T[:],
                            cols: gw.i32, eps: ACC):  # fmt: skip
         r1 = gw.shared(ROW, ACC)
@@ -250,12 +250,26 @@ def layer_norm_shifted(ty: str, U: int):
     return layer_norm_shifted
 
 
+class Bounded:
+    """A kernel's CUDA source built with ``__launch_bounds__(ROW, blocks)``: at most the registers that let ``blocks``
+    blocks share an SM."""
+
+    def __init__(self, kernel, dev, blocks: int) -> None:
+        src = kernel.source("cuda").replace("__global__ void", f"__global__ void __launch_bounds__({ROW}, {blocks})")
+        self.raw = dev.compile(src, kernel.ir.cname)
+
+    def launch(self, n: int, *args, stream) -> None:
+        conv = [np.int32(a) if type(a) is int else np.float32(a) if type(a) is float else a for a in args]
+        self.raw(n // ROW, ROW, (*conv, np.int32(n)), stream=stream)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--rows", type=int, default=16384)
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--once", action="store_true", help="launch each kernel once and check it (for a profiler)")
+    parser.add_argument("--bounds", action="store_true", help="cumsum with launch bounds, layer norm's unrolls too")
     parser.add_argument("types", nargs="*", default=["float16", "bfloat16", "float32"])
     args = parser.parse_args()
     dev = gw.Device(args.device)
@@ -285,6 +299,13 @@ def main() -> None:
             ("layer_norm", "library"): (rk.row_layer_norm(t), (y, x, g, b, cols, 1e-5), want_ln),
             ("layer_norm", "shifted"): (layer_norm_shifted(t, rk.unroll_rows(t)), (y, x, g, b, cols, 1e-5), want_ln),
         }
+        if args.bounds and dev.caps.kernel_language == "cuda":
+            for blocks in (6, 8):
+                for what, k in (("direct", cumsum_rakes2(t, True)), ("rakes2", cumsum_rakes2(t, False))):
+                    kernels["cumsum", f"{what}+lb{blocks}"] = (Bounded(k, dev, blocks), (y, x, cols), want_cs)
+            for u in (8, 32):
+                if u != rk.unroll_rows(t):
+                    kernels["layer_norm", f"shift u{u}"] = (layer_norm_shifted(t, u), (y, x, g, b, cols, 1e-5), want_ln)
         for (op, variant), (k, kargs, want) in kernels.items():
             k.launch(rows * ROW, *kargs, stream=stream)
             stream.synchronize()
