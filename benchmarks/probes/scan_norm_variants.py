@@ -250,6 +250,101 @@ def layer_norm_shifted(ty: str, U: int):
     return layer_norm_shifted
 
 
+def layer_norm_chan3(ty: str, U: int):
+    """The library's per-thread (count, mean, m2) by Chan's merges, reduced in three levels (3 barriers)."""
+    T, ACC = SCALAR_TYPES[ty], acc_type(ty)
+
+    @gw.kernel(name=f"layer_norm_chan3_{ty}_{U}", block=ROW, distinct=True)
+    def layer_norm_chan3(i: gw.index, out: T[:, gw.width.cols], x: T[:, gw.width.cols], gamma: T[:], beta: T[:],
+                         cols: gw.i32, eps: ACC):  # fmt: skip
+        rn = gw.shared(ROW + 4, ACC)
+        rmean = gw.shared(ROW + 4, ACC)
+        rm2 = gw.shared(ROW + 4, ACC)
+        lid = gw.local_id(0)
+        row = gw.group_id(0)
+        steps = (cols + ROW - 1) // ROW
+        full = cols // (U * ROW)
+        n = ACC(0)
+        mean = ACC(0)
+        m2 = ACC(0)
+        for t in range(full):
+            base = t * (U * ROW) + lid
+            cs = ACC(0)
+            for u in range(U):
+                cs += x[row, base + u * ROW]
+            cm = cs / U
+            cq = ACC(0)
+            for u in range(U):
+                d = x[row, base + u * ROW] - cm
+                cq += d * d
+            nn = n + U
+            delta = cm - mean
+            mean += delta * (U / nn)
+            m2 += cq + delta * delta * (n * U / nn)
+            n = nn
+        for t in range(full * U, steps):
+            c = t * ROW + lid
+            if c < cols:
+                v = x[row, c]
+                n += 1
+                d = v - mean
+                mean += d / n
+                m2 += d * (v - mean)
+        rn[lid] = n
+        rmean[lid] = mean
+        rm2[lid] = m2
+        gw.barrier()
+        if lid < 32:  # merges the entries lid, lid + 32, ... (32 apart: no bank conflicts) into its own
+            for u in range(1, 8):
+                nb = rn[lid + u * 32]
+                if nb > 0:
+                    nn = n + nb
+                    delta = rmean[lid + u * 32] - mean
+                    mean += delta * (nb / nn)
+                    m2 += rm2[lid + u * 32] + delta * delta * (n * nb / nn)
+                    n = nn
+            rn[lid] = n
+            rmean[lid] = mean
+            rm2[lid] = m2
+        gw.barrier()
+        if lid < 4:
+            for u in range(1, 8):
+                nb = rn[lid + u * 4]
+                if nb > 0:
+                    nn = n + nb
+                    delta = rmean[lid + u * 4] - mean
+                    mean += delta * (nb / nn)
+                    m2 += rm2[lid + u * 4] + delta * delta * (n * nb / nn)
+                    n = nn
+            rn[ROW + lid] = n
+            rmean[ROW + lid] = mean
+            rm2[ROW + lid] = m2
+        gw.barrier()
+        n = rn[ROW]
+        mean = rmean[ROW]
+        m2 = rm2[ROW]
+        for u in range(1, 4):
+            nb = rn[ROW + u]
+            if nb > 0:
+                nn = n + nb
+                delta = rmean[ROW + u] - mean
+                mean += delta * (nb / nn)
+                m2 += rm2[ROW + u] + delta * delta * (n * nb / nn)
+                n = nn
+        scale = 1.0 / math.sqrt(m2 / cols + eps)
+        for t in range(full):
+            base = t * (U * ROW) + lid
+            for u in range(U):
+                c = base + u * ROW
+                out[row, c] = (x[row, c] - mean) * scale * gamma[c] + beta[c]
+        for t in range(full * U, steps):
+            c = t * ROW + lid
+            if c < cols:
+                out[row, c] = (x[row, c] - mean) * scale * gamma[c] + beta[c]
+
+    return layer_norm_chan3
+
+
 class Bounded:
     """A kernel's CUDA source built with ``__launch_bounds__(ROW, blocks)``: at most the registers that let ``blocks``
     blocks share an SM."""
@@ -279,7 +374,8 @@ def main() -> None:
         dt = np.dtype(lib_dtype(name))
         t, s = kernel_type(dt), dt.itemsize
         rows, cols = args.rows, 4096 * 4 // s
-        host = rng.standard_normal((rows, cols)).astype(dt)
+        floats = dt.kind == "f" or name == "bfloat16"
+        host = (rng.standard_normal((rows, cols)) * (1 if floats else 100)).astype(dt)
         gh = (1 + 0.1 * rng.standard_normal(cols)).astype(dt)
         bh = (0.1 * rng.standard_normal(cols)).astype(dt)
         x, y, cp = dev.alloc((rows, cols), dt), dev.alloc((rows, cols), dt), dev.alloc((rows, cols), dt)
@@ -296,16 +392,18 @@ def main() -> None:
             ("cumsum", "library"): (rk.row_cumsum(t), (y, x, cols), want_cs),
             ("cumsum", "rakes2"): (cumsum_rakes2(t, False), (y, x, cols), want_cs),
             ("cumsum", "direct"): (cumsum_rakes2(t, True), (y, x, cols), want_cs),
-            ("layer_norm", "library"): (rk.row_layer_norm(t), (y, x, g, b, cols, 1e-5), want_ln),
-            ("layer_norm", "shifted"): (layer_norm_shifted(t, rk.unroll_rows(t)), (y, x, g, b, cols, 1e-5), want_ln),
         }
+        if floats:  # (the scan of int64 is int64, as the copy's bytes; int32's would be int64)
+            kernels["layer_norm", "library"] = (rk.row_layer_norm(t), (y, x, g, b, cols, 1e-5), want_ln)
+            ln = layer_norm_shifted(t, rk.unroll_rows(t))
+            kernels["layer_norm", "shifted"] = (ln, (y, x, g, b, cols, 1e-5), want_ln)
         if args.bounds and dev.caps.kernel_language == "cuda":
-            for blocks in (6, 8):
-                for what, k in (("direct", cumsum_rakes2(t, True)), ("rakes2", cumsum_rakes2(t, False))):
-                    kernels["cumsum", f"{what}+lb{blocks}"] = (Bounded(k, dev, blocks), (y, x, cols), want_cs)
-            for u in (8, 32):
+            kernels["cumsum", "direct+lb6"] = (Bounded(cumsum_rakes2(t, True), dev, 6), (y, x, cols), want_cs)
+        if args.bounds:
+            for u in (16, 32) if floats else ():
                 if u != rk.unroll_rows(t):
                     kernels["layer_norm", f"shift u{u}"] = (layer_norm_shifted(t, u), (y, x, g, b, cols, 1e-5), want_ln)
+                kernels["layer_norm", f"chan3 u{u}"] = (layer_norm_chan3(t, u), (y, x, g, b, cols, 1e-5), want_ln)
         for (op, variant), (k, kargs, want) in kernels.items():
             k.launch(rows * ROW, *kargs, stream=stream)
             stream.synchronize()
