@@ -195,6 +195,7 @@ class KernelIR:
     uses_barrier: bool = False
     uses_builtins: bool = False  # local_id, group_id, group_size or num_groups
     distinct: bool = False  # the arrays never overlap (C's restrict): the compiler may reorder their reads and writes
+    bounds: tuple[int, int] | None = None  # (threads per block, blocks per SM) for CUDA's __launch_bounds__
 
     @property
     def ndim(self) -> int:

@@ -45,6 +45,7 @@ class PythonKernel:
         name: str | None = None,
         block: Sequence[int] | int | None = None,
         distinct: bool = False,
+        min_blocks: int | None = None,
     ) -> None:
         self.ir: KernelIR = translate(fn, name)
         self.ir.distinct = distinct
@@ -53,6 +54,10 @@ class PythonKernel:
         self.cooperative = self.ir.cooperative  # shared arrays, barriers or block indices: launches cover whole blocks
         self.block: tuple[int, ...] = _BLOCK[self.ir.ndim]
         self.block = self._block(block)  # the block launches use unless given one
+        if min_blocks is not None:
+            if type(min_blocks) is not int or min_blocks < 1:
+                raise InvalidArgument(f"{self.name}: min_blocks must be a positive int, not {min_blocks!r}")
+            self.ir.bounds = (math.prod(self.block), min_blocks)
         self._numpy, vectorised, reason = numpy_source(self.ir)
         self.cpu_strategy = "vectorised" if vectorised else "loop"
         self.cpu_strategy_reason = reason  # why the CPU backend loops over the index ("" when vectorised)
@@ -228,6 +233,11 @@ class PythonKernel:
         limits = device.backend_device.kernel_limits()
         threads = math.prod(block)
         where = f"{device.spec} ({device.name})"
+        if self.ir.bounds is not None and threads > self.ir.bounds[0]:
+            raise InvalidArgument(
+                f"{self.name}: block {block} has {threads} threads; the kernel is built for blocks of at most "
+                f"{self.ir.bounds[0]} (min_blocks={self.ir.bounds[1]} bounds its registers for its own block)"
+            )
         if threads > limits.threads:
             raise InvalidArgument(
                 f"{self.name}: block {block} has {threads} threads; {where} runs at most {limits.threads} per block"
@@ -354,13 +364,17 @@ def kernel(
     name: str | None = None,
     block: Sequence[int] | int | None = None,
     distinct: bool = False,
+    min_blocks: int | None = None,
 ) -> Any:
     """Decorate a typed Python function to run it on every backend: ``@gw.kernel``, ``@gw.kernel(name="k")``, or
     ``@gw.kernel(block=(16, 16))`` (the block its launches use unless given one). ``distinct=True`` promises that its
     arrays never overlap (C's ``restrict``), so that the compiler may reorder their reads and writes (loads issued
-    together ahead of stores); a launch passing one buffer twice then raises InvalidArgument.
+    together ahead of stores); a launch passing one buffer twice then raises InvalidArgument. ``min_blocks=k`` asks
+    the CUDA compiler to keep registers low enough that k blocks of the kernel's block share a multiprocessor
+    (``__launch_bounds__``: more threads in flight hide latency, at the cost of spills where it asks too much);
+    launches may then use no larger block. Other backends compile as without it.
 
     Translates (and checks) the function now; compiles per device on first launch."""
     if fn is None:
-        return lambda f: PythonKernel(f, name, block, distinct)
-    return PythonKernel(fn, name, block, distinct)
+        return lambda f: PythonKernel(f, name, block, distinct, min_blocks)
+    return PythonKernel(fn, name, block, distinct, min_blocks)

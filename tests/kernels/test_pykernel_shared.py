@@ -260,3 +260,38 @@ def test_barriers_every_thread_reaches_are_accepted(device):
         out.fill_bytes(0).wait()
         uniform.launch(8, out, 6, 1).wait()
         assert out.copy_to_host().tolist() == [3.0] * 6 + [0.0] * 2
+
+
+# ------------------------------------------------------------------------------------------------------- min_blocks
+@gw.kernel(block=64, min_blocks=4)
+def bounded_lane(i: gw.index, out: gw.i32[:]):
+    out[i] = gw.local_id(0)
+
+
+def test_min_blocks_bounds_cuda_source_alone():
+    """``min_blocks`` becomes CUDA's ``__launch_bounds__`` for the kernel's block (not HIP's, whose second number
+    counts something else); OpenCL's source is as without it."""
+    cuda = bounded_lane.source("cuda")
+    assert "#define GW_BOUNDS __launch_bounds__(64, 4)" in cuda and "void GW_BOUNDS bounded_lane(" in cuda
+    assert "__HIP__" in cuda and "launch_bounds" not in lane.source("cuda")
+    assert "launch_bounds" not in bounded_lane.source("opencl") and "GW_BOUNDS" not in bounded_lane.source("opencl")
+    with pytest.raises(gw.InvalidArgument, match="min_blocks must be a positive int, not 0"):
+        gw.kernel(min_blocks=0)(lane.__wrapped__)
+
+
+@every_backend
+def test_min_blocks_refuses_a_larger_block(device):
+    with device.alloc(256, "int32") as out:
+        with pytest.raises(gw.InvalidArgument, match=r"128 threads; the kernel is built for blocks of at most 64"):
+            bounded_lane.launch(256, out, block=128)
+        bounded_lane.launch(128, out, block=32).wait()  # a smaller block is within the bound
+        bounded_lane.launch(256, out).wait()
+        assert np.array_equal(out.copy_to_host(), np.arange(256) % 64)
+
+
+@pytest.mark.gpu
+def test_cuda_builds_and_runs_a_bounded_kernel():
+    device = open_device("cuda")
+    with device.alloc(256, "int32") as out:
+        bounded_lane.launch(256, out).wait()
+        assert np.array_equal(out.copy_to_host(), np.arange(256) % 64)
