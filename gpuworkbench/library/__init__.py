@@ -201,9 +201,11 @@ def layer_norm(
         hold = _held(call, cols)
         if hold:  # the row held in shared memory: one read, two-pass statistics
             kernel = row_layer_norm_held(call.type, hold, distinct)
+        elif ITEMSIZE[call.type] == 2:
+            kernel = rk.row_layer_norm_shifted(call.type, rk.unroll_shifted(cols), distinct)
         else:
             kernel = rk.row_layer_norm(call.type, distinct=distinct)
-        _launch_rows(kernel, call, rows, nbytes, result, call.buffer("x"), *params, cols, float(eps))
+        _launch_rows(kernel, call, rows if cols else 0, nbytes, result, call.buffer("x"), *params, cols, float(eps))
         return call.result(result)
 
 

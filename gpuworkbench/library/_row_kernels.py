@@ -6,14 +6,15 @@ One block of ``ROW`` threads per row. Each thread walks the row a step of severa
 which test or compute more per value), then a tail one element at a time. Every thread runs the same number of
 steps, so the CPU runs them vectorised. The block then combines its threads' partial results in shared memory by
 halving (``HALVINGS`` rounds). Whole-array reductions are one row. Cumsum goes a chunk of ``SCAN_UNROLL`` × ROW
-values at a time through shared memory (see ``row_cumsum``).
+values at a time (see ``row_cumsum``).
 
 Softmax reads its row once for the maximum and the sum together (a running sum rescaled when the maximum grows) and
 once more to write; layer norm gathers mean and squared deviations in one read (chunks of ``unroll`` values, merged
-by Chan's pairwise formula, as stable as two passes) and reads again to write. The second read of a row comes soon
-after the first, while the row is in cache. Kernels that write rows are made ``distinct`` (C's restrict: the loads
-of a step issue together ahead of its stores) unless the result is written over the input. NaN propagates as in
-NumPy (except on WebGPU, whose WGSL may assume there is none; see _kernels).
+by Chan's pairwise formula, as stable as two passes; 16-bit rows, whose results are rounded to 16 bits, take plain
+sums shifted by a value of the row: ``row_layer_norm_shifted``) and reads again to write. The second read of a row
+comes soon after the first, while the row is in cache. Kernels that write rows are made ``distinct`` (C's restrict:
+the loads of a step issue together ahead of its stores) unless the result is written over the input. NaN propagates
+as in NumPy (except on WebGPU, whose WGSL may assume there is none; see _kernels).
 """
 
 import functools
@@ -39,6 +40,13 @@ def unroll_rows(t: str) -> int:
     (measured on an H200 with benchmarks/probes/row_unroll.py: float32 softmax 0.80 of the copy at 4, 0.85 at 8;
     float64 best at 4; 16-bit argmax 0.79 at 16, 0.76 at 8)."""
     return max(4, 32 // ITEMSIZE[t])
+
+
+def unroll_shifted(cols: int) -> int:
+    """16-bit layer norm's values per thread and step for rows of ``cols``: 32 where a row has a step's worth (on an
+    H200, float16 rows of 8192 ran at 0.72 of the copy against 0.69 with 16), else 16, so that shorter rows do not
+    go one value at a time."""
+    return 32 if cols >= 32 * ROW else 16
 
 
 SCAN_UNROLL = 8  # cumsum's values per thread and chunk, every type (row_cumsum's body is written for 8)
@@ -323,43 +331,132 @@ def row_layer_norm(ty: str = "f32", u: int = 0, distinct: bool = True) -> Python
 
 
 @functools.cache
+def row_layer_norm_shifted(ty: str = "f16", u: int = 0, distinct: bool = True) -> PythonKernel:
+    T, ACC, U = SCALAR_TYPES[ty], acc_type(ty), u or unroll_rows(ty)
+
+    @gw.kernel(name=kernel_name("row_layer_norm", ty), block=ROW, distinct=distinct)
+    def row_layer_norm_shifted(i: gw.index, out: T[:, gw.width.cols], x: T[:, gw.width.cols], gamma: T[:],
+                               beta: T[:], cols: gw.i32, eps: ACC):  # fmt: skip
+        """row_layer_norm for 16-bit rows: sums of d = x - x[row, 0] and of d² (var = mean(d²) - mean(d)², mean =
+        x[row, 0] + mean(d)), reduced in three levels of plain sums (3 barriers; Chan's merges take 8 and a division
+        each). Shifting by a value of the row bounds the loss to the variance's float32 rounding times the row length
+        in the worst case (the row's first value an outlier), and typically to a few roundings: far below 16 bits.
+        On an H200 (benchmarks/probes/scan_norm_variants.py) float16 rows ran at 0.72 of the copy, against 0.68."""
+        r1 = gw.shared(ROW + 4, ACC)
+        r2 = gw.shared(ROW + 4, ACC)
+        lid = gw.local_id(0)
+        row = gw.group_id(0)
+        steps = (cols + ROW - 1) // ROW
+        full = cols // (U * ROW)
+        shift = ACC(x[row, 0])
+        s1 = ACC(0)
+        s2 = ACC(0)
+        for t in range(full):
+            base = t * (U * ROW) + lid
+            for u in range(U):
+                d = x[row, base + u * ROW] - shift
+                s1 += d
+                s2 += d * d
+        for t in range(full * U, steps):
+            c = t * ROW + lid
+            if c < cols:
+                d = x[row, c] - shift
+                s1 += d
+                s2 += d * d
+        r1[lid] = s1
+        r2[lid] = s2
+        gw.barrier()
+        if lid < 32:  # 32 threads sum 8 entries each, 32 apart (no bank conflicts)
+            a1 = ACC(0)
+            a2 = ACC(0)
+            for u in range(8):
+                a1 += r1[lid + u * 32]
+                a2 += r2[lid + u * 32]
+            r1[lid] = a1
+            r2[lid] = a2
+        gw.barrier()
+        if lid < 4:  # then 4 threads 8 of those each
+            b1 = ACC(0)
+            b2 = ACC(0)
+            for u in range(8):
+                b1 += r1[lid + u * 4]
+                b2 += r2[lid + u * 4]
+            r1[ROW + lid] = b1
+            r2[ROW + lid] = b2
+        gw.barrier()
+        m = (r1[ROW] + r1[ROW + 1] + r1[ROW + 2] + r1[ROW + 3]) / cols
+        var = (r2[ROW] + r2[ROW + 1] + r2[ROW + 2] + r2[ROW + 3]) / cols - m * m
+        mean = shift + m
+        scale = 1.0 / math.sqrt(max(var, 0.0) + eps)
+        for t in range(full):
+            base = t * (U * ROW) + lid
+            for u in range(U):
+                c = base + u * ROW
+                out[row, c] = (x[row, c] - mean) * scale * gamma[c] + beta[c]
+        for t in range(full * U, steps):
+            c = t * ROW + lid
+            if c < cols:
+                out[row, c] = (x[row, c] - mean) * scale * gamma[c] + beta[c]
+
+    return row_layer_norm_shifted
+
+
+@functools.cache
 def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
     T, ACC, OUT = SCALAR_TYPES[ty], acc_type(ty), SCALAR_TYPES[sum_type(ty)]
     CHUNK = SCAN_UNROLL * ROW
     PADDED = CHUNK + CHUNK // 32  # a gap after every 32 values: a thread's 8 neighbours fall in different banks
     RAKES = ROW // SCAN_UNROLL  # threads that scan the threads' totals, 8 each
+    DIRECT = ITEMSIZE[ty] == 2  # see the docstring
     assert SCAN_UNROLL == 8 and RAKES == 32  # the body below is written for 8 values per thread and 32 rakes
 
-    @gw.kernel(name=kernel_name("row_cumsum", ty), block=ROW, distinct=distinct)
+    @gw.kernel(name=kernel_name("row_cumsum", ty), block=ROW, distinct=distinct, min_blocks=6 if DIRECT else None)
     def row_cumsum(i: gw.index, out: OUT[:, gw.width.cols], x: T[:, gw.width.cols], cols: gw.i32):
-        """Inclusive prefix sums of each row, CHUNK values at a time: read coalesced into shared memory; each thread
-        scans its 8 neighbouring values in registers; the 256 totals are scanned by 32 threads, 8 each (raking),
-        whose 32 sums are scanned in 5 rounds (Hillis-Steele, alternating between two arrays); each thread adds what
-        comes before it (the chunks before, the totals before its own) and the chunk is written coalesced."""
+        """Inclusive prefix sums of each row, CHUNK values at a time: each thread scans its 8 neighbouring values in
+        registers; the 256 totals are scanned by 32 threads, 8 each (raking), and their 32 sums by 4 threads, 8 each;
+        each thread adds what comes before it (the chunks before, the totals before its own) and the chunk is
+        written coalesced through shared memory. 16-bit values are read straight into registers (16 bytes a thread;
+        and with six blocks to a multiprocessor, registers bounded to fit them), wider ones through shared memory,
+        where a thread's reads would span too many cache lines (measured on an H200 with
+        benchmarks/probes/scan_norm_variants.py: float16 0.72 of the copy against 0.69 without the bound and 0.67
+        through shared memory; float64 0.98 through shared memory against 0.96 directly)."""
         buf = gw.shared(PADDED, ACC)
         tot = gw.shared(PADDED // SCAN_UNROLL, ACC)  # the threads' totals, padded as buf is
-        ra = gw.shared(RAKES, ACC)
-        rb = gw.shared(RAKES, ACC)
+        ra = gw.shared(RAKES, ACC)  # the rakes' sums, scanned in 4 groups of 8
+        sa = gw.shared(4, ACC)  # the groups' sums
         lid = gw.local_id(0)
         row = gw.group_id(0)
         p = lid * 8 + lid // 4  # where this thread's 8 neighbours start in buf (and its 8 rakes' totals in tot)
         q = lid + lid // 32  # where this thread's total sits in tot
+        g = lid // 8  # the rake that scans this thread's total
+        h = g // 8  # the group of that rake
         carry = ACC(0)
         for t in range((cols + CHUNK - 1) // CHUNK):
             base = t * CHUNK
-            for u in range(SCAN_UNROLL):
-                j = u * ROW + lid
-                c = base + j
-                buf[j + j // 32] = x[row, c] if c < cols else 0
-            gw.barrier()
-            r0 = buf[p]
-            r1 = r0 + buf[p + 1]
-            r2 = r1 + buf[p + 2]
-            r3 = r2 + buf[p + 3]
-            r4 = r3 + buf[p + 4]
-            r5 = r4 + buf[p + 5]
-            r6 = r5 + buf[p + 6]
-            r7 = r6 + buf[p + 7]
+            if DIRECT:
+                c = base + lid * 8
+                r0 = ACC(x[row, c] if c < cols else 0)
+                r1 = r0 + (x[row, c + 1] if c + 1 < cols else 0)
+                r2 = r1 + (x[row, c + 2] if c + 2 < cols else 0)
+                r3 = r2 + (x[row, c + 3] if c + 3 < cols else 0)
+                r4 = r3 + (x[row, c + 4] if c + 4 < cols else 0)
+                r5 = r4 + (x[row, c + 5] if c + 5 < cols else 0)
+                r6 = r5 + (x[row, c + 6] if c + 6 < cols else 0)
+                r7 = r6 + (x[row, c + 7] if c + 7 < cols else 0)
+            else:
+                for u in range(SCAN_UNROLL):
+                    j = u * ROW + lid
+                    c = base + j
+                    buf[j + j // 32] = x[row, c] if c < cols else 0
+                gw.barrier()
+                r0 = buf[p]
+                r1 = r0 + buf[p + 1]
+                r2 = r1 + buf[p + 2]
+                r3 = r2 + buf[p + 3]
+                r4 = r3 + buf[p + 4]
+                r5 = r4 + buf[p + 5]
+                r6 = r5 + buf[p + 6]
+                r7 = r6 + buf[p + 7]
             tot[q] = r7
             gw.barrier()
             if lid < RAKES:  # thread lid scans the totals of threads 8·lid ... 8·lid + 7 in place
@@ -369,23 +466,26 @@ def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
                     tot[p + u] = run
                 ra[lid] = run
             gw.barrier()
-            if lid < RAKES:
-                rb[lid] = ra[lid] + ra[lid - 1] if lid >= 1 else ra[lid]
+            if lid < 4:  # thread lid scans the sums of rakes 8·lid ... 8·lid + 7 in place
+                run = ACC(0)
+                for u in range(8):
+                    run += ra[lid * 8 + u]
+                    ra[lid * 8 + u] = run
+                sa[lid] = run
             gw.barrier()
-            if lid < RAKES:
-                ra[lid] = rb[lid] + rb[lid - 2] if lid >= 2 else rb[lid]
-            gw.barrier()
-            if lid < RAKES:
-                rb[lid] = ra[lid] + ra[lid - 4] if lid >= 4 else ra[lid]
-            gw.barrier()
-            if lid < RAKES:
-                ra[lid] = rb[lid] + rb[lid - 8] if lid >= 8 else rb[lid]
-            gw.barrier()
-            if lid < RAKES:
-                rb[lid] = ra[lid] + ra[lid - 16] if lid >= 16 else ra[lid]
-            gw.barrier()
-            g = lid // 8  # the rake that scanned this thread's total
-            before = carry + tot[q] - r7 + (rb[max(g, 1) - 1] if g > 0 else ACC(0))
+            s0 = sa[0]
+            s1 = sa[1]
+            s2 = sa[2]
+            before = carry + tot[q] - r7
+            if g % 8 > 0:
+                before += ra[max(g, 1) - 1]
+            if h > 0:
+                before += s0
+            if h > 1:
+                before += s1
+            if h > 2:
+                before += s2
+            carry += s0 + s1 + s2 + sa[3]
             buf[p] = r0 + before
             buf[p + 1] = r1 + before
             buf[p + 2] = r2 + before
@@ -400,7 +500,7 @@ def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
                 c = base + j
                 if c < cols:
                     out[row, c] = buf[j + j // 32]
-            carry += rb[RAKES - 1]
-            gw.barrier()  # every thread has read the chunk and its total before the next chunk overwrites them
+            if not DIRECT:
+                gw.barrier()  # every thread has read the chunk before the next one's loads overwrite buf
 
     return row_cumsum

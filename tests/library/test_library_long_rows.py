@@ -94,6 +94,23 @@ def test_long_rows_as_numpy(device, name):
 
 
 @every_backend
+def test_16bit_layer_norm_over_a_shift_far_from_the_mean(device):
+    """16-bit rows take sums shifted by their first value: right as NumPy where that value is an outlier, where the
+    mean is far from zero, with 32 values per thread and step (rows of 8192 and more) and a tail."""
+    skip_unheld(device, "float16")
+    cols = 2 * 8192 + 77
+    rng = np.random.default_rng(16)
+    x = rng.normal(0, 3, (4, cols))
+    x[1] += 1000
+    x[2, 0] = 400
+    x[3, 0] = -30000
+    x = x.astype(np.float16)
+    wide = x.astype(np.float64)
+    want = (wide - wide.mean(-1, keepdims=True)) / np.sqrt(wide.var(-1, keepdims=True) + 1e-5)
+    assert close(lib.layer_norm(x, device=device), want, "float16")
+
+
+@every_backend
 @pytest.mark.parametrize("op", ["softmax", "layer_norm", "cumsum"])
 def test_result_written_over_the_input(device, op):
     x = np.random.default_rng(12).normal(0, 2, (3, COLS)).astype(np.float32)
