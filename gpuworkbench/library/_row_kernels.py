@@ -407,6 +407,7 @@ def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
     CHUNK = SCAN_UNROLL * ROW
     PADDED = CHUNK + CHUNK // 32  # a gap after every 32 values: a thread's 8 neighbours fall in different banks
     RAKES = ROW // SCAN_UNROLL  # threads that scan the threads' totals, 8 each
+    LAST = CHUNK - 1 + (CHUNK - 1) // 32  # where the chunk's last value sits in buf
     DIRECT = ITEMSIZE[ty] == 2  # see the docstring
     assert SCAN_UNROLL == 8 and RAKES == 32  # the body below is written for 8 values per thread and 32 rakes
 
@@ -473,19 +474,15 @@ def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
                     ra[lid * 8 + u] = run
                 sa[lid] = run
             gw.barrier()
-            s0 = sa[0]
-            s1 = sa[1]
-            s2 = sa[2]
             before = carry + tot[q] - r7
             if g % 8 > 0:
                 before += ra[max(g, 1) - 1]
             if h > 0:
-                before += s0
+                before += sa[0]
             if h > 1:
-                before += s1
+                before += sa[1]
             if h > 2:
-                before += s2
-            carry += s0 + s1 + s2 + sa[3]
+                before += sa[2]
             buf[p] = r0 + before
             buf[p + 1] = r1 + before
             buf[p + 2] = r2 + before
@@ -495,6 +492,7 @@ def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
             buf[p + 6] = r6 + before
             buf[p + 7] = r7 + before
             gw.barrier()
+            carry = buf[LAST]  # the chunk's last sum, the carry into the next (values past the row are 0)
             for u in range(SCAN_UNROLL):
                 j = u * ROW + lid
                 c = base + j
