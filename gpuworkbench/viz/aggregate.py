@@ -93,14 +93,18 @@ def aggregate(
     count_by_pair = np.bincount(at[: counted.size], minlength=pairs.size)
     busy_by_pair = np.bincount(at[counted.size :], weights=weight, minlength=pairs.size)
     cell_of = pairs // n_styles
-    cells_at = np.flatnonzero(np.diff(cell_of, prepend=-1))  # pairs are sorted: each cell's first pair
+    cells_at = _firsts(cell_of)  # pairs are sorted: each cell's first pair
     count = np.add.reduceat(count_by_pair, cells_at) if pairs.size else count_by_pair
     busy = np.add.reduceat(busy_by_pair, cells_at) if pairs.size else busy_by_pair
-    # The style that covers the most of a cell (its count breaks a tie, then the lowest style): the first of each
-    # cell's pairs in order of falling score.
+    # The style that covers the most of a cell (its count breaks a tie, then the lowest style): each cell's first pair
+    # (a cell's pairs are in style order) with the cell's highest score (NaN only where all are, as a sort has it).
     score = busy_by_pair + 1e-9 * width * count_by_pair
-    best = np.lexsort((pairs % n_styles, -score, cell_of))
-    top = best[np.flatnonzero(np.diff(cell_of[best], prepend=-1))]
+    if pairs.size:
+        high = np.repeat(np.fmax.reduceat(score, cells_at), np.diff(np.append(cells_at, pairs.size)))
+        best = np.flatnonzero((score == high) | np.isnan(high))
+        top = best[_firsts(cell_of[best])]
+    else:
+        top = cells_at
     keep = (count > 0) | (busy > 0)
     cell = cell_of[cells_at][keep]
     bin_of = cell % bins
@@ -113,6 +117,13 @@ def aggregate(
         "busy": np.minimum(busy[keep] / width, 1.0),
         "style": (pairs[top] % n_styles)[keep],
     }
+
+
+def _firsts(sorted_values: np.ndarray) -> np.ndarray:
+    """The index of the first of each run of equal values."""
+    new = np.ones(sorted_values.size, dtype=bool)
+    np.not_equal(sorted_values[1:], sorted_values[:-1], out=new[1:])
+    return np.flatnonzero(new)
 
 
 def levels(

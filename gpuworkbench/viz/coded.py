@@ -3,7 +3,7 @@ the codes it was made from (``doc_text``) instead of finding them again item by 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,3 +38,12 @@ def take(column: Any, index: np.ndarray) -> np.ndarray:
     if codes is not None and len(codes) == len(column):
         return coded(column.strings, codes[index])
     return np.asarray(column)[index]
+
+
+def lookup(column: Any, of: Callable[[Any], Any], dtype: Any) -> np.ndarray:
+    """``of(item)`` for every item of ``column`` as an array of ``dtype``: once per distinct string of a ``Coded``
+    column (its codes index the results), else once per item."""
+    codes = getattr(column, "codes", None)
+    if codes is not None and len(codes) == len(column):
+        return np.array([of(s) for s in column.strings], dtype=dtype)[codes]
+    return np.array([of(x) for x in np.asarray(column, dtype=object).tolist()], dtype=dtype).reshape(-1)

@@ -40,6 +40,7 @@ STORE_BELOW = 64 * 1024
 TOKEN = f"gwid{os.urandom(6).hex()}-"
 _MARK = f"gwslot{os.urandom(6).hex()}"  # a model's place in the text of a value holding models
 _SPLIT = f'"{_MARK}"'
+_HOLE = f"gwdata{os.urandom(6).hex()}"  # around the number of a source's data in a document's text (``fill``)
 _ORDER = sys.byteorder
 #: What ``serialize_json`` writes (compact, no key sorting), without its settings look-ups per call.
 JSON = PayloadEncoder(separators=(",", ":"))
@@ -94,11 +95,12 @@ class TextEncoder:
         self.order: list[Model] = []  # models written whole, in document order
         self.refs: list[Model] = []  # models written as references, in document order
         self.parents: list[Entry] = []
+        self.holes: list[str] = []  # the sources' data texts, in the document's text as places (``fill``)
         self.level = settings.compression_level()
 
     def model(self, model: Model) -> tuple[str, bool]:
-        """(the model's text here: whole the first time this document meets it, else a reference; whether that text
-        holds data written this time)."""
+        """(the model's text here: whole the first time this document meets it, else a reference, its sources' data
+        as places that ``fill`` fills; whether that text holds data written this time)."""
         seen = self.seen
         entry = self.cache.get(model)
         if entry is None:
@@ -211,7 +213,8 @@ class TextEncoder:
             if type(text) is str:
                 parts.append(text)
             elif text is None:
-                parts.append(f'"{key}":{self.data(lookup(key).get_value(model))}')
+                self.holes.append(self.data(lookup(key).get_value(model)))
+                parts.append(f'"{key}":{_HOLE}{len(self.holes) - 1}{_HOLE}')
             else:
                 n = len(text.slots)
                 spliced = [text.pieces[0]]
@@ -223,6 +226,15 @@ class TextEncoder:
         if not parts:
             return entry.head + "}"
         return f'{entry.head},"attributes":{{{",".join(parts)}}}}}'
+
+    def fill(self, text: str) -> str:
+        """A document's ``text`` with the sources' data in their places: the data, most of the text, is copied once
+        here instead of again into the text of every model that holds it."""
+        if not self.holes:
+            return text
+        pieces = text.split(_HOLE)
+        pieces[1::2] = [self.holes[int(i)] for i in pieces[1::2]]
+        return "".join(pieces)
 
     # ------------------------------------------------------------------ data
     def data(self, data: Any) -> str:

@@ -104,7 +104,7 @@ def document_json(root: Model, cache: dict[Model, Entry] | None = None, coded: b
     text += f',"defs":{defs}}}' if data_models else "}"
     prefix = _new_prefix()
     root_id = encoder.cache[root].id.replace(TOKEN, prefix)
-    return text.replace(TOKEN, prefix), root_id, encoder.coded_columns
+    return encoder.fill(text.replace(TOKEN, prefix)), root_id, encoder.coded_columns
 
 
 _DATA_MODELS: dict[int, list[type[Model]]] = {}

@@ -109,7 +109,7 @@ def _layout(trace: Any, window: tuple[int, int] | None, summary: Any, build: Any
         return kept
     with validate(False):  # the values a build of this shape validated, of the same types
         _refill(kept, trace, table, t0_ns, rows, tv, series, summary)
-        holds = not locations or _source_shape_holds(kept, trace)
+        holds = not locations or _source_shape_holds(kept, trace, table)
     if not holds:
         _kept.pop(key)
         return _layout(trace, window, summary, build)
@@ -122,13 +122,13 @@ def _refill(
     """Write a trace's values into a kept layout of its shape: what ``trace_layout`` would have built."""
     m = kept.models
     fig = m[("figure", "timeline")]
-    fig.title.text = timeline_title(trace)
-    fig.height = rows.height(26)
-    fig.y_range.factors = rows.factors
+    _put(fig.title, text=timeline_title(trace))
+    _put(fig, height=rows.height(26))
+    order = rows.top_to_bottom
+    _put(fig.y_range, factors=order[::-1])
     lo, hi = time_extent(table, t0_ns)
     pad = 0.02 * (hi - lo)
-    x = m[("Range1d", "timeline x range")]
-    x.update(start=lo - pad, end=hi + pad, bounds=(lo - pad, hi + pad))
+    _put(m[("Range1d", "timeline x range")], start=lo - pad, end=hi + pad, bounds=(lo - pad, hi + pad))
     if tv.state_data is not None:
         m[("ColumnDataSource", "state source")].data = {} if tv.large else tv.state_data
     m[("ColumnDataSource", "span source")].data = tv.span_data
@@ -137,54 +137,63 @@ def _refill(
     if tv.large:
         m[("ColumnDataSource", "timeline raw")].data = tv.columns
     view = m[("CustomJS", "timeline view")]
-    view.args = {**view.args, "row_names": rows.top_to_bottom, "names": tv.names, "max_dur": tv.max_dur}
+    _put(view, args={**view.args, "row_names": order, "names": tv.names, "max_dur": tv.max_dur})
     legend_source = m[("ColumnDataSource", "kind legend")]
     n = len(tv.present)
     legend_source.data = {"y": [float("nan")] * n, "x": [float("nan")] * n, "style": tv.present}
-    m[("Legend", "kinds legend")].ncols = min(6, max(n, 1))
-    order = rows.top_to_bottom
+    _put(m[("Legend", "kinds legend")], ncols=min(6, max(n, 1)))
     overview = m[("figure", "overview")]
-    overview.height = max(50 + 5 * len(order), 90)
-    m[("Range1d", "overview x range")].update(start=lo - pad, end=hi + pad)
-    overview.y_range.factors = order[::-1]
+    _put(overview, height=max(50 + 5 * len(order), 90))
+    _put(m[("Range1d", "overview x range")], start=lo - pad, end=hi + pad)
+    _put(overview.y_range, factors=order[::-1])
     m[("ColumnDataSource", "overview cell source")].data = overview_cells(tv.columns, order, (lo, hi), fig.width)
     for device, label, _, held, used in series:
         m[("GlyphRenderer", f"held:{device}")].data_source.data = held
-        kept.legend_items[f"held:{device}"].label = value(f"{label}: held by gpuworkbench")
+        _put(kept.legend_items[f"held:{device}"], label=value(f"{label}: held by gpuworkbench"))
         if used is not None:
             m[("GlyphRenderer", f"used:{device}")].data_source.data = used
-            kept.legend_items[f"used:{device}"].label = value(f"{label}: used on the device")
-    m[("Div", "")].text = summary._repr_html_()
+            _put(kept.legend_items[f"used:{device}"], label=value(f"{label}: used on the device"))
+    _put(m[("Div", "")], text=summary._repr_html_())
 
 
-def _source_shape_holds(kept: _Kept, trace: Any) -> bool:
-    """Refill the kept source view from ``trace`` (its span source already refilled); False where the view's shape
-    (rows scrolled by the wheel or not) differs, so that the layout must be built."""
+def _put(model: Model, **values: Any) -> None:
+    """Give ``model`` these property values, leaving out those it holds already: what Bokeh's setter does (nothing
+    where its property ``matches`` the old value), without its preparing and checking a value that it then drops."""
+    for name, new in values.items():
+        if not model.lookup(name).property.matches(new, getattr(model, name)):
+            setattr(model, name, new)
+
+
+def _source_shape_holds(kept: _Kept, trace: Any, table: Any = None) -> bool:
+    """Refill the kept source view from ``trace`` (its span source already refilled; ``table``: its spans where read
+    already); False where the view's shape (rows scrolled by the wheel or not) differs, so that the layout must be
+    built."""
     m = kept.models
     plot = m.get(("Plot", "source view"))
     if plot is None:
         return False
-    v = source_values(trace, m[("ColumnDataSource", "span source")])
+    v = source_values(trace, m[("ColumnDataSource", "span source")], table=table)
     if (v.n > MAX_VISIBLE) != (("WheelPanTool", "") in m) or v.linked != (("CustomJS", "source link") in m):
         return False
-    plot.title.text = v.title
-    plot.update(
+    _put(plot.title, text=v.title)
+    _put(
+        plot,
         frame_width=v.width,
         frame_height=v.visible * ROW_PX,
         width=v.width + 2 * BORDER_PX,
         height=v.visible * ROW_PX + TITLE_PX,
     )
-    plot.x_range.end = v.width
-    plot.y_range.update(start=v.visible - 0.5, end=-0.5, bounds=(-0.5, max(v.n, 1) - 0.5))
+    _put(plot.x_range, end=v.width)
+    _put(plot.y_range, start=v.visible - 0.5, end=-0.5, bounds=(-0.5, max(v.n, 1) - 0.5))
     picks = m[("GlyphRenderer", "source picks")]
     for glyph in {id(g): g for g in (picks.glyph, picks.selection_glyph, picks.hover_glyph)}.values():
-        glyph.right = v.width
+        _put(glyph, right=v.width)
     m[("ColumnDataSource", "source rows")].data = v.data
     m[("ColumnDataSource", "source bars")].data = v.bars
     m[("ColumnDataSource", "source labels")].data = v.labels
     if v.linked:
         link = m[("CustomJS", "source link")]
-        link.args = {**link.args, "members": v.members, "first": v.first}
+        _put(link, args={**link.args, "members": v.members, "first": v.first})
     return True
 
 

@@ -35,6 +35,8 @@ from gpuworkbench.trace.line_stats import UNKNOWN, line_columns
 from gpuworkbench.trace.lines import Location, short_file
 from gpuworkbench.trace.spans import HOST_KINDS
 
+from .coded import lookup
+
 #: Lines of context around the lines with work; windows with at most this many lines between them merge.
 CONTEXT = 2
 #: A readable file's lines shown whole up to this many from first to last line with work, else in windows.
@@ -189,7 +191,7 @@ def spans_by_row(loc: np.ndarray, kind: np.ndarray, row_of: np.ndarray, n_rows: 
     unknown row (``row_of``'s last entry) when they are device work."""
     loc = np.asarray(loc, np.int64)
     row = row_of[np.where(loc >= 0, np.minimum(loc, row_of.size - 1), row_of.size - 1)] if loc.size else loc
-    host = np.isin(np.asarray(kind, dtype=object), list(HOST_KINDS)) if loc.size else np.zeros(0, bool)
+    host = lookup(kind, HOST_KINDS.__contains__, bool) if loc.size else np.zeros(0, bool)
     row = np.where((loc < 0) & host, -1, row)
     members = np.flatnonzero(row >= 0)
     members = members[np.argsort(row[members], kind="stable")]
@@ -314,9 +316,17 @@ class SourceValues:
     first: list[int]
 
 
-def source_values(trace: Any, spans: Any, *, title: str | None = None, dark: bool = False) -> SourceValues:
-    """``source_figure``'s data for ``trace``, linked to ``spans`` (the timeline's span source, or None)."""
-    table = trace.table()
+def source_values(
+    trace: Any,
+    spans: Any,
+    *,
+    title: str | None = None,
+    dark: bool = False,
+    table: Mapping[str, np.ndarray] | None = None,
+) -> SourceValues:
+    """``source_figure``'s data for ``trace``, linked to ``spans`` (the timeline's span source, or None); ``table``:
+    ``trace.table()`` where the caller read it already."""
+    table = trace.table() if table is None else table
     locations = list(getattr(trace, "locations", None) or [])
     lines_of = getattr(trace, "lines", None)
     rows, row_of = line_rows(table, locations, sorted(getattr(lines_of, "focus", ())))

@@ -48,7 +48,7 @@ from gpuworkbench.trace.spans import KIND_CODE
 
 from . import timeline_js
 from .aggregate import aggregate
-from .coded import take
+from .coded import lookup, take
 from .palette import HOST_WAIT, HOST_WAIT_HATCH, STATE_COLORS, STYLE_COLORS, STYLE_INK, STYLES
 from .timeline_data import (
     ALL_COLORS,
@@ -74,6 +74,7 @@ from .timeline_data import (
     cell_columns,
     compact_columns,
     launch_links,
+    name_codes,
     span_columns,
     span_styles,
     state_columns,
@@ -121,6 +122,7 @@ def timeline_values(
     n = len(table["kind"])
     links = launch_links(table)
     rows.add_table(table, links)
+    names = name_codes(table)
     state_data = state_columns(table, rows, t0_ns) if rows.states else None
     large = max(n, len(state_data["left"]) if state_data else 0) > detail_limit
     if webgl is None:
@@ -130,16 +132,16 @@ def timeline_values(
     if large:
         span_data: dict[str, Any] = _empty(SPAN_COLUMNS)
     else:
-        span_data = span_columns(table, rows, t0_ns, links, locations)
+        span_data = span_columns(table, rows, t0_ns, links, locations, names)
         # ranges first, outermost first: each drawn under what it encloses
         behind = np.lexsort((np.asarray(span_data["depth"]), np.asarray(table["kind"]) != RANGE_KIND))
         span_data = {col: take(values, behind) for col, values in span_data.items()}
-    waits = np.asarray(span_data["style"], dtype=object) == HOST_WAIT
+    waits = lookup(span_data["style"], lambda style: style == HOST_WAIT, bool)
     wait_data = {col: np.asarray(span_data[col])[waits] for col in ("left", "right", "row", "height")}
     columns: dict[str, np.ndarray] | None = None
-    names: list[str] = []
+    strings: list[str] = []
     if large or compact:
-        columns, names = compact_columns(table, rows, t0_ns, state_data, links)
+        columns, strings = compact_columns(table, rows, t0_ns, state_data, links, names)
     cell_data: Mapping[str, Any] = _empty(CELL_COLUMNS)
     if large and columns is not None:
         lo, hi = time_extent(table, t0_ns)
@@ -156,7 +158,7 @@ def timeline_values(
         wait_data=wait_data,
         cell_data=cell_data,
         columns=columns,
-        names=names,
+        names=strings,
         max_dur=float(columns["dur"].max()) if large and columns is not None else 0.0,
         present=[STYLES[s] for s in present],
     )

@@ -14,7 +14,7 @@ from gpuworkbench.trace.device_limits import DeviceLimits
 from gpuworkbench.trace.lines import Location, short_file
 from gpuworkbench.trace.spans import HOST_KINDS, HOST_STREAM, KIND_CODE, KINDS
 
-from .coded import coded
+from .coded import coded, lookup
 from .palette import HOST_WAIT, STATE_COLORS, STYLE_COLORS, STYLES
 from .timeline_launch import launch_text
 
@@ -323,6 +323,7 @@ def span_columns(
     t0_ns: int,
     links: Mapping[str, np.ndarray] | None = None,
     locations: Sequence[Location] | None = None,
+    names: tuple[np.ndarray, list[str]] | None = None,
 ) -> dict[str, np.ndarray]:
     """The timeline's ColumnDataSource columns for these spans (``rows.add_table(table)`` must have run).
 
@@ -331,6 +332,7 @@ def span_columns(
     starts), ``launch_us`` and ``queue_us``; NaN and "" where it has none. ``loc`` and ``line``: the source line that
     issued the span (an index into ``locations`` and its ``line_label``; -1 and "" where none). ``launch``: a
     kernel's grid, block, registers, shared memory and occupancy on a device of ``rows.limits`` ("" where none).
+    ``names``: ``name_codes(table)`` where computed already.
     """
     kind = np.asarray(table["kind"], dtype=np.intp)
     start = np.asarray(table["start_ns"], dtype=np.int64)
@@ -343,14 +345,14 @@ def span_columns(
     links = launch_links(table) if links is None else links
     call = links["call"]
     linked = call != -1
-    names = np.asarray(table["name"], dtype=object)
-    call_name = np.full(kind.size, "", dtype=object)
-    call_name[call >= 0] = names[call[call >= 0]]
-    call_name[call == -2] = ENQUEUE
+    name, strings = name_codes(table) if names is None else names
     call_row = np.full(kind.size, "", dtype=object)
     if linked.any():
         devices, streams = _origin_rows(table, call)
-        call_row[linked] = rows.labels(devices[linked], streams[linked])
+        labels = rows.labels(devices[linked], streams[linked])
+        codes = np.zeros(kind.size, np.int64)
+        codes[linked] = labels.codes + 1
+        call_row = coded(["", *labels.strings], codes)
     nan = np.full(kind.size, np.nan)
     depth = range_depths(table)
     loc, line = span_lines(table, locations)
@@ -360,11 +362,11 @@ def span_columns(
         "row": rows.labels(table["device"], table["stream"]),
         "kind": coded(KINDS, kind),
         "style": coded(STYLES, span_styles(table)),
-        "name": names,
+        "name": coded(strings, name),
         "bytes": nbytes,
         "gbps": gbps,
         "duration_us": duration / 1e3,
-        "call": call_name,
+        "call": coded(strings, call_names(name, call)),
         "call_left": np.where(linked, (links["origin_ns"] - t0_ns) / 1e6, nan),
         "call_row": call_row,
         "launch_us": np.where(linked, links["latency_ns"] / 1e3, nan),
@@ -441,12 +443,19 @@ def state_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) 
     }
 
 
-def _codes(values: np.ndarray, table: dict[str, int]) -> np.ndarray:
-    """Small integer codes of strings, growing ``table`` (string -> code) with the new ones."""
-    items = values.tolist()
+def name_codes(table: Mapping[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
+    """Every span's name as a code into the names (first "" and ``ENQUEUE``, then the others in order of first use)."""
+    items = np.asarray(table["name"], dtype=object).tolist()
+    index: dict[str, int] = {"": 0, ENQUEUE: 1}
     for v in dict.fromkeys(items):
-        table.setdefault(v, len(table))
-    return np.fromiter(map(table.__getitem__, items), dtype=np.int64, count=len(items))
+        index.setdefault(v, len(index))
+    return np.fromiter(map(index.__getitem__, items), dtype=np.int64, count=len(items)), list(index)
+
+
+def call_names(name: np.ndarray, call: np.ndarray) -> np.ndarray:
+    """The code of the name of each span's launching call (``name_codes``; ``call``: ``launch_links``'s): 1
+    (``ENQUEUE``) for an enqueue, 0 ("") for none."""
+    return np.where(call >= 0, name[np.maximum(call, 0)], np.where(call == -2, 1, 0))
 
 
 def compact_columns(
@@ -455,6 +464,7 @@ def compact_columns(
     t0_ns: int,
     states: Mapping[str, np.ndarray] | None = None,
     links: Mapping[str, np.ndarray] | None = None,
+    names: tuple[np.ndarray, list[str]] | None = None,
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """Every span (and non-idle state segment) as typed arrays sorted by start, with the table of their names.
 
@@ -462,12 +472,11 @@ def compact_columns(
     (index in ``ALL_STYLES``: a state segment's is past the span styles), ``name`` (index in the names), ``bytes``,
     ``depth`` (``range_depths``), and the launch: ``lat`` (ms, NaN where none), ``queue`` (ms), ``orow`` (the arrow's
     start row), ``oname`` (the call's name). What the large timeline's document carries, a few bytes per span, and what
-    the browser draws from."""
+    the browser draws from. ``names``: ``name_codes(table)`` where computed already."""
     kind = np.asarray(table["kind"], dtype=np.int64)
     start = np.asarray(table["start_ns"], dtype=np.int64)
     end = np.asarray(table["end_ns"], dtype=np.int64)
-    names: dict[str, int] = {"": 0, ENQUEUE: 1}
-    name = _codes(np.asarray(table["name"], dtype=object), names)
+    name, strings = name_codes(table) if names is None else names
     links = launch_links(table) if links is None else links
     call = links["call"]
     linked = call != -1
@@ -475,7 +484,7 @@ def compact_columns(
     if linked.any():
         devices, streams = _origin_rows(table, call)
         orow[linked] = rows.codes(devices[linked], streams[linked])
-    oname = np.where(call >= 0, name[np.maximum(call, 0)], np.where(call == -2, 1, 0))
+    oname = call_names(name, call)
     parts = {
         "start": (start - t0_ns) / 1e6,
         "dur": (end - start) / 1e6,
@@ -490,15 +499,16 @@ def compact_columns(
         "depth": np.minimum(range_depths(table), 255),  # uint8 below
     }
     if states is not None and len(states["left"]):
-        busy = np.asarray(states["state"], dtype=object) != "idle"
         position = {label: i for i, label in enumerate(rows.top_to_bottom)}
         state_code = {s: len(STYLES) + i for i, s in enumerate(STATES)}
+        style = lookup(states["state"], state_code.__getitem__, np.int64)
+        busy = style != state_code["idle"]
         m = int(busy.sum())
         extra = {
             "start": np.asarray(states["left"], dtype=np.float64)[busy],
             "dur": np.asarray(states["duration_us"], dtype=np.float64)[busy] / 1e3,
-            "row": np.array([position[r] for r in np.asarray(states["row"], dtype=object)[busy]], dtype=np.int64),
-            "style": np.array([state_code[s] for s in np.asarray(states["state"], dtype=object)[busy]], np.int64),
+            "row": lookup(states["row"], position.__getitem__, np.int64)[busy],
+            "style": style[busy],
             "name": np.zeros(m, np.int64),
             "bytes": np.zeros(m),
             "lat": np.full(m, np.nan),
@@ -524,7 +534,7 @@ def compact_columns(
         "depth": np.uint8,
     }
     columns = {col: parts[col][order].astype(dtypes[col]) for col in parts}
-    return columns, list(names)
+    return columns, list(strings)
 
 
 LEGENDS_PX = 150  # two legends under the plot: kinds in up to 2 lines of 6, states in 4 lines of 2, with titles

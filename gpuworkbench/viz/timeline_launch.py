@@ -17,19 +17,21 @@ from gpuworkbench.trace.kernel_shapes import distinct_rows
 from gpuworkbench.trace.occupancy import LIMITERS, block_threads, occupancy
 from gpuworkbench.trace.spans import KIND_CODE, unpack_dim3
 
+from .coded import coded
+
 _KERNEL = KIND_CODE["kernel"]
 
 
 def launch_text(table: Mapping[str, np.ndarray], limits: Mapping[int, DeviceLimits | None] | None = None) -> np.ndarray:
     """Every span's launch as text ("grid 128×1×1 · block 256×1×1 · 202 registers · 48.0 KiB shared · occupancy
-    12.5 % (registers)"); "" for spans that are no kernel or whose launch is not known."""
+    12.5 % (registers)"); "" for spans that are no kernel or whose launch is not known. A ``Coded`` column where
+    any span's launch is known (each distinct text once)."""
     n = len(table["kind"])
-    out = np.full(n, "", dtype=object)
     if "grid" not in table or "block" not in table:
-        return out
+        return np.full(n, "", dtype=object)
     rows = np.flatnonzero((np.asarray(table["kind"]) == _KERNEL) & (np.asarray(table["block"], np.int64) > 0))
     if not rows.size:
-        return out
+        return np.full(n, "", dtype=object)
     unknown = np.full(rows.size, -1, np.int64)
     columns = [
         np.asarray(table["device"], np.int64)[rows],
@@ -50,8 +52,9 @@ def launch_text(table: Mapping[str, np.ndarray], limits: Mapping[int, DeviceLimi
         _text(*shape)
         for shape in zip(grid.tolist(), block.tolist(), registers.tolist(), shared.tolist(), pct.tolist(), limiter)
     ]
-    out[rows] = np.array(texts, dtype=object)[inverse]
-    return out
+    codes = np.zeros(n, np.int64)
+    codes[rows] = np.asarray(inverse).reshape(-1) + 1
+    return coded(["", *texts], codes)
 
 
 def _text(grid: int, block: int, registers: int, shared: int, pct: float, limiter: int) -> str:

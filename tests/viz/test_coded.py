@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("bokeh")
 
-from gpuworkbench.viz.coded import coded  # noqa: E402
+from gpuworkbench.viz.coded import coded, lookup  # noqa: E402
 from gpuworkbench.viz.doc_text import TextEncoder  # noqa: E402
 
 
@@ -37,3 +37,18 @@ def test_an_array_derived_from_a_coded_column_is_coded_afresh():
     for derived in (column[::-1], column.copy(), column[column == "x"], np.concatenate([column, column])):
         assert getattr(derived, "codes", None) is None
         assert sent(TextEncoder(coded=True).strings(derived)) == derived.tolist()
+
+
+def test_a_lookup_is_made_once_per_distinct_string_of_a_coded_column_and_per_item_of_any_other():
+    column = coded(["idle", "K", "H"], np.arange(30) % 3)
+    seen: list[str] = []
+
+    def length(s: str) -> int:
+        seen.append(s)
+        return len(s)
+
+    expected = [len(s) for s in column.tolist()]
+    assert lookup(column, length, np.int64).tolist() == expected and len(seen) == 3
+    for plain in (column[::-1], column.tolist(), np.asarray(column.tolist(), dtype=object)):
+        assert lookup(plain, len, np.int64).tolist() == [len(s) for s in np.asarray(plain).tolist()]
+    assert lookup([], len, bool).shape == (0,)

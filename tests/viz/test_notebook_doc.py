@@ -112,6 +112,30 @@ def test_a_kept_layout_refilled_is_the_new_trace_built_afresh(monkeypatch):
     assert not kept.models[("ColumnDataSource", "span source")].data  # the kept layout holds no trace between cells
 
 
+def test_a_layout_refilled_back_and_forth_is_each_trace_built_afresh(monkeypatch):
+    published: list[str] = []
+    monkeypatch.setattr(reuse, "publish", lambda root, cache: published.append(notebook_bundle(root, cache)[1]))
+    monkeypatch.setattr(reuse, "_kept", {})
+    small, large = traced("<cell doc 10>", 2, 1 << 10), traced("<cell doc 11>", 9, 1 << 12)
+    for trace in (small, large, small, small):  # a value left as it was only where it is the same
+        reuse.show_trace_reused(trace, None, None, trace_layout)
+    assert len(reuse._kept) == 1
+    for trace, script in zip((small, large, small, small), published):
+        assert document(script) == document(notebook_content(trace_layout(trace))[0])
+
+
+def test_a_kept_model_is_given_only_the_values_it_does_not_hold_and_then_written_again():
+    from bokeh.models import Range1d
+
+    limits = Range1d(start=0, end=1, bounds=(0, 1))
+    cache: dict = {}
+    document_json(limits, cache)
+    reuse._put(limits, start=0.0, end=1, bounds=(0, 1))  # equal values: nothing to write again
+    assert not cache[limits].dirty
+    reuse._put(limits, start=0, end=2)
+    assert cache[limits].dirty and limits.end == 2 and '"end":2' in document_json(limits, cache)[0]
+
+
 def test_repeated_strings_go_as_codes_and_the_browser_expands_them_to_bokehs_document():
     layout = trace_layout(traced("<cell doc 4>", 150, 1 << 10))
     _, ours, _ = notebook_bundle(layout)
