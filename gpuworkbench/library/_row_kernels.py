@@ -414,17 +414,19 @@ def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
     @gw.kernel(name=kernel_name("row_cumsum", ty), block=ROW, distinct=distinct, min_blocks=6 if DIRECT else None)
     def row_cumsum(i: gw.index, out: OUT[:, gw.width.cols], x: T[:, gw.width.cols], cols: gw.i32):
         """Inclusive prefix sums of each row, CHUNK values at a time: each thread scans its 8 neighbouring values in
-        registers; the 256 totals are scanned by 32 threads, 8 each (raking), and their 32 sums by 4 threads, 8 each;
-        each thread adds what comes before it (the chunks before, the totals before its own) and the chunk is
-        written coalesced through shared memory. 16-bit values are read straight into registers (16 bytes a thread;
-        and with six blocks to a multiprocessor, registers bounded to fit them), wider ones through shared memory,
-        where a thread's reads would span too many cache lines (measured on an H200 with
-        benchmarks/probes/scan_norm_variants.py: float16 0.72 of the copy against 0.69 without the bound and 0.67
-        through shared memory; float64 0.98 through shared memory against 0.96 directly)."""
+        registers; the 256 totals are scanned by 32 threads, 8 each (raking), and their 32 sums; each thread adds
+        what comes before it (the chunks before, the totals before its own) and the chunk is written coalesced
+        through shared memory. 16-bit values are read straight into registers (16 bytes a thread), the 32 sums
+        scanned by 4 threads, 8 each (3 barriers fewer), with six blocks to a multiprocessor (registers bounded to
+        fit them). Wider values come in through shared memory, where a thread's own reads would span too many cache
+        lines, and their 32 sums are scanned in 5 rounds (Hillis-Steele), which held more blocks for an int64 scan.
+        On an H200 (benchmarks/probes/scan_norm_variants.py, bench_library.py): float16 0.72 of the copy, against
+        0.69 without the bound and 0.67 through shared memory; float64 0.98 through shared memory against 0.96
+        directly; int32 0.92 with the 5 rounds against 0.86 with 4 threads."""
         buf = gw.shared(PADDED, ACC)
         tot = gw.shared(PADDED // SCAN_UNROLL, ACC)  # the threads' totals, padded as buf is
-        ra = gw.shared(RAKES, ACC)  # the rakes' sums, scanned in 4 groups of 8
-        sa = gw.shared(4, ACC)  # the groups' sums
+        ra = gw.shared(RAKES, ACC)  # the rakes' sums, scanned
+        rb = gw.shared(RAKES, ACC)  # their scan's other half (Hillis-Steele), or the 4 groups' sums
         lid = gw.local_id(0)
         row = gw.group_id(0)
         p = lid * 8 + lid // 4  # where this thread's 8 neighbours start in buf (and its 8 rakes' totals in tot)
@@ -467,22 +469,41 @@ def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
                     tot[p + u] = run
                 ra[lid] = run
             gw.barrier()
-            if lid < 4:  # thread lid scans the sums of rakes 8·lid ... 8·lid + 7 in place
-                run = ACC(0)
-                for u in range(8):
-                    run += ra[lid * 8 + u]
-                    ra[lid * 8 + u] = run
-                sa[lid] = run
-            gw.barrier()
             before = carry + tot[q] - r7
-            if g % 8 > 0:
-                before += ra[max(g, 1) - 1]
-            if h > 0:
-                before += sa[0]
-            if h > 1:
-                before += sa[1]
-            if h > 2:
-                before += sa[2]
+            if DIRECT:  # the 32 sums scanned by 4 threads, 8 each
+                if lid < 4:
+                    run = ACC(0)
+                    for u in range(8):
+                        run += ra[lid * 8 + u]
+                        ra[lid * 8 + u] = run
+                    rb[lid] = run
+                gw.barrier()
+                if g % 8 > 0:
+                    before += ra[max(g, 1) - 1]
+                if h > 0:
+                    before += rb[0]
+                if h > 1:
+                    before += rb[1]
+                if h > 2:
+                    before += rb[2]
+            else:  # the 32 sums scanned in 5 rounds (Hillis-Steele, alternating between ra and rb)
+                if lid < RAKES:
+                    rb[lid] = ra[lid] + ra[lid - 1] if lid >= 1 else ra[lid]
+                gw.barrier()
+                if lid < RAKES:
+                    ra[lid] = rb[lid] + rb[lid - 2] if lid >= 2 else rb[lid]
+                gw.barrier()
+                if lid < RAKES:
+                    rb[lid] = ra[lid] + ra[lid - 4] if lid >= 4 else ra[lid]
+                gw.barrier()
+                if lid < RAKES:
+                    ra[lid] = rb[lid] + rb[lid - 8] if lid >= 8 else rb[lid]
+                gw.barrier()
+                if lid < RAKES:
+                    rb[lid] = ra[lid] + ra[lid - 16] if lid >= 16 else ra[lid]
+                gw.barrier()
+                if g > 0:
+                    before += rb[max(g, 1) - 1]
             buf[p] = r0 + before
             buf[p + 1] = r1 + before
             buf[p + 2] = r2 + before
@@ -492,7 +513,10 @@ def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
             buf[p + 6] = r6 + before
             buf[p + 7] = r7 + before
             gw.barrier()
-            carry = buf[LAST]  # the chunk's last sum, the carry into the next (values past the row are 0)
+            if DIRECT:
+                carry = buf[LAST]  # the chunk's last sum, the carry into the next (values past the row are 0)
+            else:
+                carry += rb[RAKES - 1]
             for u in range(SCAN_UNROLL):
                 j = u * ROW + lid
                 c = base + j
