@@ -35,6 +35,10 @@ out of an integer's range converted to it): backends differ there.
 **Arrays that never overlap**: ``@gw.kernel(distinct=True)`` promises it (C's ``restrict`` in CUDA and OpenCL C), so
 that the compiler may issue loads ahead of stores; a launch passing one buffer twice raises InvalidArgument.
 
+**Occupancy**: ``@gw.kernel(block=256, min_blocks=6)`` asks the CUDA compiler to keep registers low enough that 6
+blocks of the kernel's block share a multiprocessor (``__launch_bounds__``); launches may then use no larger block.
+Other backends compile as without it.
+
 **Stencils**: ``a.at(dx, dy)`` reads the neighbour at an offset from the thread's own ``(x, y)`` in an array of the
 launch shape, clamped to the edges (the edge value repeats outwards, so any halo width works); ``a.at(dx)`` in 1-D.
 
