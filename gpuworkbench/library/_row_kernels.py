@@ -402,16 +402,27 @@ def row_layer_norm_shifted(ty: str = "f16", u: int = 0, distinct: bool = True) -
 
 
 @functools.cache
-def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
+def row_cumsum(
+    ty: str = "f32",
+    distinct: bool = True,
+    direct: bool | None = None,
+    two_level: bool | None = None,
+    min_blocks: int | None = 0,
+) -> PythonKernel:
+    """The scan kernel for ``ty``. ``direct`` (values read into registers), ``two_level`` (rakes in two levels) and
+    ``min_blocks`` default to what the docstring below measured fastest for ``ty``; other choices are for
+    ``benchmarks/probes/scan_norm_variants.py``."""
     T, ACC, OUT = SCALAR_TYPES[ty], acc_type(ty), SCALAR_TYPES[sum_type(ty)]
     CHUNK = SCAN_UNROLL * ROW
     PADDED = CHUNK + CHUNK // 32  # a gap after every 32 values: a thread's 8 neighbours fall in different banks
     RAKES = ROW // SCAN_UNROLL  # threads that scan the threads' totals, 8 each
     LAST = CHUNK - 1 + (CHUNK - 1) // 32  # where the chunk's last value sits in buf
-    DIRECT = ITEMSIZE[ty] == 2  # see the docstring
+    DIRECT = ITEMSIZE[ty] == 2 if direct is None else direct
+    TWO_LEVEL = DIRECT if two_level is None else two_level
+    BOUND = (6 if DIRECT else None) if min_blocks == 0 else min_blocks
     assert SCAN_UNROLL == 8 and RAKES == 32  # the body below is written for 8 values per thread and 32 rakes
 
-    @gw.kernel(name=kernel_name("row_cumsum", ty), block=ROW, distinct=distinct, min_blocks=6 if DIRECT else None)
+    @gw.kernel(name=kernel_name("row_cumsum", ty), block=ROW, distinct=distinct, min_blocks=BOUND)
     def row_cumsum(i: gw.index, out: OUT[:, gw.width.cols], x: T[:, gw.width.cols], cols: gw.i32):
         """Inclusive prefix sums of each row, CHUNK values at a time: each thread scans its 8 neighbouring values in
         registers; the 256 totals are scanned by 32 threads, 8 each (raking), and their 32 sums; each thread adds
@@ -470,7 +481,7 @@ def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
                 ra[lid] = run
             gw.barrier()
             before = carry + tot[q] - r7
-            if DIRECT:  # the 32 sums scanned by 4 threads, 8 each
+            if TWO_LEVEL:  # the 32 sums scanned by 4 threads, 8 each
                 if lid < 4:
                     run = ACC(0)
                     for u in range(8):
@@ -513,7 +524,7 @@ def row_cumsum(ty: str = "f32", distinct: bool = True) -> PythonKernel:
             buf[p + 6] = r6 + before
             buf[p + 7] = r7 + before
             gw.barrier()
-            if DIRECT:
+            if TWO_LEVEL:
                 carry = buf[LAST]  # the chunk's last sum, the carry into the next (values past the row are 0)
             else:
                 carry += rb[RAKES - 1]

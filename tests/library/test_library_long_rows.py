@@ -94,6 +94,23 @@ def test_long_rows_as_numpy(device, name):
 
 
 @every_backend
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("two_level", [False, True])
+def test_every_way_the_scan_is_built_scans_as_numpy(device, direct, two_level):
+    """``row_cumsum`` read through shared memory or into registers, its rakes' sums in rounds or in two levels (the
+    library takes one pair per type; the probe measures them all): rows of several chunks and a tail."""
+    from gpuworkbench.library import _row_kernels as rk
+
+    x = rows("float32", False)
+    with device.alloc(x.shape) as bx, device.alloc(x.shape) as out:
+        bx.copy_from_host(x.reshape(-1))
+        rk.row_cumsum("f32", True, direct, two_level, None).launch(3 * rk.ROW, out, bx, COLS).wait()
+        got = out.copy_to_host().reshape(x.shape).astype(np.float64)
+    want = x.astype(np.float64).cumsum(-1)
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@every_backend
 def test_16bit_layer_norm_over_a_shift_far_from_the_mean(device):
     """16-bit rows take sums shifted by their first value: right as NumPy where that value is an outlier, where the
     mean is far from zero, with 32 values per thread and step (rows of 8192 and more) and a tail."""
