@@ -431,9 +431,8 @@ def row_cumsum(
         scanned by 4 threads, 8 each (3 barriers fewer), with six blocks to a multiprocessor (registers bounded to
         fit them). Wider values come in through shared memory, where a thread's own reads would span too many cache
         lines, and their 32 sums are scanned in 5 rounds (Hillis-Steele), which held more blocks for an int64 scan.
-        On an H200 (benchmarks/probes/scan_norm_variants.py, bench_library.py): float16 0.72 of the copy, against
-        0.69 without the bound and 0.67 through shared memory; float64 0.98 through shared memory against 0.96
-        directly; int32 0.92 with the 5 rounds against 0.86 with 4 threads."""
+        On an H200, float16 0.73-0.74 of the copy against 0.69-0.70 without the bound or through shared memory, and
+        int32 0.92 with the 5 rounds against 0.86 with 4 threads (docs/benchmarks.md, "Kernel library")."""
         buf = gw.shared(PADDED, ACC)
         tot = gw.shared(PADDED // SCAN_UNROLL, ACC)  # the threads' totals, padded as buf is
         ra = gw.shared(RAKES, ACC)  # the rakes' sums, scanned
