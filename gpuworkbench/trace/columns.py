@@ -24,6 +24,11 @@ class DeviceClock:
     limits: DeviceLimits | None = None  # what occupancy is computed from (CUDA devices; None where not known)
 
 
+class Handover(dict):
+    """Columns handed to a store for good (a loaded trace's table, made for it): an empty store's
+    ``extend_columns`` keeps their arrays as they are, no copy, where they are what its first allocation would be."""
+
+
 class Columns:
     """Columnar storage that grows to ``capacity`` rows and then keeps the newest (a ring), counting what it drops."""
 
@@ -65,6 +70,8 @@ class Columns:
     def extend_columns(self, cols: Mapping[str, Any]) -> None:
         """Append columns of equal length (sequences or arrays, keyed by the schema): one assignment per column."""
         m = len(next(iter(cols.values())))
+        if isinstance(cols, Handover) and self._adopt(cols, m):
+            return
         self._grow(m)
         skip = 0
         if m > self.size:  # more rows than the ring holds: only the newest survive
@@ -84,6 +91,22 @@ class Columns:
             column[idx] = values
         self.count += m
         self.dropped = max(0, self.count - self.size)
+
+    def _adopt(self, cols: Handover, m: int) -> bool:
+        """Keep handed-over columns as the arrays of an empty store: ``m`` rows, as many as its first ``_grow`` would
+        make room for, each column given with its dtype and its own memory."""
+        if self.count or self.size or not 1024 <= m <= self.capacity:
+            return False
+        arrays = [cols.get(c) for c in self.schema]
+        if not all(
+            isinstance(array, np.ndarray) and array.dtype == dtype and array.shape == (m,) and array.base is None
+            for array, dtype in zip(arrays, self.schema.values())
+        ):
+            return False
+        self.cols = dict(zip(self.schema, arrays))
+        self.size = self.count = m
+        self.dropped = 0
+        return True
 
     def table(self, since: int = 0) -> dict[str, np.ndarray]:
         """Rows ``since`` (a count of appends) to now, in append order; older dropped rows are gone."""

@@ -39,14 +39,20 @@ from .device_limits import DeviceLimits
 from .export import HOST_PID, STREAM_OFFSET
 from .kineto_decode import EventGroups, Group
 from .kineto_events import (
+    Block,
+    Coded,
     collector_paused,
     concat_blocks,
     counter_columns,
     device_kinds,
+    distinct,
+    distinct_values,
+    first_rows,
     int_column,
     int_or,
     link_column,
     ns_column,
+    pick,
     row_label,
     span_block,
     time_columns,
@@ -87,7 +93,7 @@ def _given(values: np.ndarray, fallback: np.ndarray) -> np.ndarray:
 
 def _pairs(device: np.ndarray, stream: np.ndarray) -> list[tuple[int, int]]:
     """The distinct (device, stream) pairs, in order."""
-    keys = np.unique((device.astype(np.int64) << 32) | (stream.astype(np.int64) & 0xFFFFFFFF))
+    keys = distinct_values((device.astype(np.int64) << 32) | (stream.astype(np.int64) & 0xFFFFFFFF))
     return sorted(zip((keys >> 32).tolist(), (keys & 0xFFFFFFFF).astype(np.uint32).astype(np.int32).tolist()))
 
 
@@ -133,7 +139,7 @@ class _Kineto:
 
         own = isinstance(self, _OwnExport)
         table = counter_columns(groups.counters, self.where, self.base_ns, device_of, own)
-        keys = {devices.get(d, "host") for d in np.unique(table["device"]).tolist()}
+        keys = {devices.get(d, "host") for d in distinct_values(table["device"]).tolist()}
         hold_samples(trace, table, {key: f"read from {self.where}" for key in sorted(keys)})
         return trace
 
@@ -141,7 +147,7 @@ class _Kineto:
         """Each runtime call's user line, from the Python stacks of ``with_stack=True`` (``kineto_stacks.py``); the
         device work it enqueued gets the same. No python_function events: no locations, ``loc`` stays -1."""
         python = groups.python
-        if not len(python) or not len(api["kind"]):
+        if not len(python) or not api.n:
             return []
         start, end = time_columns(python.ts, python.dur, self.where)
         frames = Frames(start, end, python.name, groups.names, groups.threads_of(python))
@@ -149,7 +155,7 @@ class _Kineto:
         loc, locations = stack_locations(frames, api["stream"], self._thread_codes, starts)
         if locations:
             api["loc"] = loc
-            device["loc"] = link_column(api["corr"], loc, device["corr"], -1)
+            device["loc"] = pick(loc, self._calls, -1)
         return locations
 
     # -- memory ----------------------------------------------------------------------------------------------
@@ -180,7 +186,7 @@ class _Kineto:
             )
         return time_columns(g.ts, g.dur, self.where)
 
-    def _device(self, groups: EventGroups) -> dict[str, np.ndarray]:
+    def _device(self, groups: EventGroups) -> Block:
         g = groups.device
         start, end = self._device_times(g, groups)
         kinds, pinned = device_kinds(groups.cats, groups.names, g.cat, g.name, None)
@@ -188,7 +194,7 @@ class _Kineto:
         stream = _given(g.arg("stream"), groups.ints_of(g.tid, 0))
         corr = self._correlations(g, groups.flow_end, start, groups)
         # each device row once, with the (pid, tid) its thread_name metadata is filed under
-        rows, first = np.unique((device << 32) ^ (stream & 0xFFFFFFFF), return_index=True)
+        rows, first, _ = distinct((device << 32) ^ (stream & 0xFFFFFFFF), first=True)
         threads = groups.threads_of(g)[first]
         self._row_threads = {
             (int(d), int(s)): groups.thread_key(int(t))
@@ -202,7 +208,7 @@ class _Kineto:
             start_ns=start + self.base_ns,
             end_ns=end + self.base_ns,
             bytes=np.maximum(g.arg("bytes"), 0),
-            name=groups.names_of(g),
+            name=Coded(g.name, groups.name_table()),
             pinned=pinned,
             corr=corr,
             grid=g.arg("grid"),
@@ -211,7 +217,7 @@ class _Kineto:
             shared_bytes=g.arg("shared"),
         )
 
-    def _device_range(self, groups: EventGroups) -> dict[str, np.ndarray]:
+    def _device_range(self, groups: EventGroups) -> Block:
         """GPU-side annotations (``gpu_user_annotation``): ``range`` spans on their device stream's row."""
         g = groups.device_range
         start, end = time_columns(g.ts, g.dur, self.where)
@@ -229,7 +235,7 @@ class _Kineto:
         return {
             "stream": _given(g.arg("stream"), groups.ints_of(g.tid, 0)),
             "enqueue_ns": start + self.base_ns,
-            "name": groups.names_of(g),
+            "name": Coded(g.name, groups.name_table()),
         }
 
     def _correlations(self, g: Group, flows: Group, start: np.ndarray, groups: EventGroups) -> np.ndarray:
@@ -246,45 +252,47 @@ class _Kineto:
         return corr
 
     # -- host work -------------------------------------------------------------------------------------------
-    def _host(self, g: Group, kind: str, first: int, groups: EventGroups) -> dict[str, np.ndarray]:
+    def _host(self, g: Group, kind: str, first: int, groups: EventGroups) -> Block:
         start, end = time_columns(g.ts, g.dur, self.where)
-        corr = np.full(len(g), -1, np.int64)
-        if kind == "api":
-            corr = self._correlations(g, groups.flow_start, start, groups)
+        corr = self._correlations(g, groups.flow_start, start, groups) if kind == "api" else -1
+        start += self.base_ns
+        end += self.base_ns
         block = span_block(
             len(g),
             kind=KIND_CODE[kind],
             device=first,
             stream=0,
-            start_ns=start + self.base_ns,
-            end_ns=end + self.base_ns,
-            enqueue_ns=start + self.base_ns,
-            name=groups.names_of(g),
+            start_ns=start,
+            end_ns=end,
+            enqueue_ns=start,
+            name=Coded(g.name, groups.name_table()),
             corr=corr,
         )
         block["_thread"] = groups.threads_of(g)  # replaced by a stream in _host_rows
         return block
 
-    def _link_calls(self, device: dict[str, np.ndarray], api: dict[str, np.ndarray], first: int) -> None:
-        """An api call's device is the device of the work it enqueued; that work's enqueue time is the call's start."""
-        device["enqueue_ns"] = link_column(api["corr"], api["start_ns"], device["corr"], -1)
+    def _link_calls(self, device: Block, api: Block, first: int) -> None:
+        """An api call's device is the device of the work it enqueued; that work's enqueue time is the call's start
+        (``_calls``: each device row's call, -1 where none has its correlation)."""
+        self._calls = first_rows(api["corr"], device["corr"])
+        device["enqueue_ns"] = pick(api["start_ns"], self._calls, -1)
         api["device"] = link_column(device["corr"], device["device"], api["corr"], first).astype(np.int16)
 
-    def _host_rows(self, api: dict[str, Any], ranges: dict[str, Any], groups: EventGroups) -> None:
+    def _host_rows(self, api: Block, ranges: Block, groups: EventGroups) -> None:
         """One host row per (pid, tid), numbered in order of each thread's first event."""
         keys = np.concatenate([api.pop("_thread"), ranges.pop("_thread")])
-        threads, seen, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        threads, seen, inverse = distinct(keys, first=True)
         appearance = np.argsort(seen, kind="stable")  # thread codes in order of first appearance, as before
         index = np.empty(threads.size, np.int64)
         index[appearance] = np.arange(threads.size)
-        codes = index[inverse.reshape(-1)]
+        codes = index[inverse]
         first_seen = np.full(threads.size, np.iinfo(np.int64).max)
         np.minimum.at(first_seen, codes, np.concatenate([api["start_ns"], ranges["start_ns"]]))
         rank = np.empty(threads.size, np.int64)
         rank[np.lexsort((np.arange(threads.size), first_seen))] = np.arange(threads.size)
         streams = thread_stream(rank[codes]) if codes.size else codes
-        api["stream"] = streams[: len(api["kind"])].astype(np.int32)
-        ranges["stream"] = streams[len(api["kind"]) :].astype(np.int32)
+        api["stream"] = streams[: api.n].astype(np.int32)
+        ranges["stream"] = streams[api.n :].astype(np.int32)
         ordered = threads[appearance].tolist()
         self._thread_codes = {int(thread_stream(int(rank[code]))): t for code, t in enumerate(ordered)}
         self._threads = {stream: groups.thread_key(t) for stream, t in self._thread_codes.items()}
@@ -318,8 +326,8 @@ class _Kineto:
         self, table: dict[str, np.ndarray], groups: EventGroups, memory_devices: np.ndarray = _NO_DEVICES
     ) -> dict[int, DeviceClock]:
         props = self._properties()
-        devices = np.concatenate([table["device"].astype(np.int64), memory_devices.astype(np.int64)])
-        used = sorted({int(d) for d in np.unique(devices)}) or sorted(props) or []
+        devices = {*distinct_values(table["device"]).tolist(), *distinct_values(memory_devices).tolist()}
+        used = sorted(devices) or sorted(props) or []
         if not props and not (table["stream"] >= 0).any() and not memory_devices.size:  # host work only
             note = f"loaded from {self.where}: no device work in it (a CPU-only profile)"
             return {dev: DeviceClock(key="host:0", name="host", source=self.source, note=note) for dev in used}
@@ -340,8 +348,8 @@ class _Kineto:
         """Whether the trace came from ROCm: AMD device properties, or HIP calls on the host."""
         if any("gcnArchName" in p or "AMD" in str(p.get("name", "")) for p in props.values()):
             return True
-        calls = table["name"][table["kind"] == KIND_CODE["api"]]
-        return bool(calls.size) and str(calls[0]).startswith("hip")
+        calls = np.flatnonzero(table["kind"] == KIND_CODE["api"])
+        return bool(calls.size) and str(table["name"][calls[0]]).startswith("hip")
 
 
 class _OwnExport(_Kineto):
@@ -421,7 +429,7 @@ class _OwnExport(_Kineto):
         names = groups.names_of(g)
         return [n if op is None else str(op) for op, n in zip(g.arg("op"), names.tolist())]
 
-    def _device(self, groups: EventGroups) -> dict[str, np.ndarray]:
+    def _device(self, groups: EventGroups) -> Block:
         g = groups.device
         start, end = self._device_times(g, groups)
         kinds, pinned = device_kinds(groups.cats, groups.names, g.cat, g.name, g.arg("pinned"))
@@ -455,7 +463,7 @@ class _OwnExport(_Kineto):
             "loc": self._loc(g),
         }
 
-    def _host(self, g: Group, groups: EventGroups) -> dict[str, np.ndarray]:  # type: ignore[override]
+    def _host(self, g: Group, groups: EventGroups) -> Block:  # type: ignore[override]
         """Host rows: tid t is stream -t; ``args.kind`` says which kind (enqueue markers are not spans)."""
         kinds = g.arg("kind")
         g = g.take(g.present & np.array([k != "enqueue" for k in kinds], bool))
@@ -507,6 +515,6 @@ class _OwnExport(_Kineto):
                 note=f"loaded from {self.where}" + (f"; timestamps were {recorded}" if recorded else ""),
                 limits=DeviceLimits.from_properties(p),
             )
-        for dev in np.unique(table["device"]).tolist():
+        for dev in distinct_values(table["device"]).tolist():
             clocks.setdefault(int(dev), DeviceClock(key=f"device:{dev}", name=f"device {dev}", source=self.source))
         return clocks

@@ -114,8 +114,9 @@ _PHASES.update({KINETO_COMPLETE: _X, KINETO_INSTANT: _I, KINETO_METADATA: _M})
 
 class Group:
     """One group's events as columns: ``index`` (position in traceEvents), ``ts`` / ``dur`` (µs, as in the file),
-    ``name`` / ``pid`` / ``tid`` / ``cat`` (codes into ``EventGroups``' tables; -1: not read), ``args`` (one
-    column per kept key: int64 arrays, lists for values of any type)."""
+    ``name`` / ``pid`` / ``tid`` / ``cat`` (codes into ``EventGroups``' tables; -1: not read), ``id`` (a list of
+    the flows' ids; None in other groups), ``args`` (one column per kept key: int64 arrays, lists for values of any
+    type)."""
 
     def __init__(self, columns: dict[str, Any], args: dict[str, Any]) -> None:
         self.index: np.ndarray = columns["index"]
@@ -125,7 +126,7 @@ class Group:
         self.pid: np.ndarray = columns["pid"]
         self.tid: np.ndarray = columns["tid"]
         self.cat: np.ndarray = columns["cat"]
-        self.id: list[Any] = columns["id"]
+        self.id: list[Any] | None = columns["id"]
         self.present: np.ndarray | None = columns["present"]  # whether each event has args (own exports only)
         self.args = args
 
@@ -165,10 +166,14 @@ class EventGroups:
 
     def names_of(self, group: Group) -> np.ndarray:
         """The group's names, an object array sharing one str per distinct name."""
+        return self.name_table()[group.name]
+
+    def name_table(self) -> np.ndarray:
+        """``names`` as an object array, which a group's ``name`` codes index."""
         if self._name_array is None:
             self._name_array = np.empty(len(self.names), object)
             self._name_array[:] = self.names
-        return self._name_array[group.name]
+        return self._name_array
 
     def ids_of(self, codes: np.ndarray) -> list[Any]:
         """The pid or tid values of ``codes``."""
@@ -278,7 +283,7 @@ class _PieceReader:
             columns = {k: v if whole else v[mine] for k, v in common.items() if self._keeps(name, k)}
             rest = self.own or any("args." + key not in columns for key in self._keys(name))
             args = (every if whole else _where(every, mine)) if rest else []
-            columns["id"] = [None] * int(counts[code])
+            columns["id"] = None  # only flows' ids are read
             self._args(name, args, columns, piece)
             piece.groups[code] = columns
 
@@ -307,7 +312,7 @@ class _PieceReader:
             "pid": self._codes(self.ids, _PID, events),
             "tid": self._codes(self.ids, _TID, events),
             "cat": cat,
-            "id": list(map(_ID_OF, events)) if flow else [None] * m,
+            "id": list(map(_ID_OF, events)) if flow else None,
         }
         if flow:
             columns["present"] = None
@@ -434,7 +439,7 @@ def _concat(parts: list[Any], key: str) -> Any:
     if any(p is None for p in parts):
         return None
     if key in _LIST_COLUMNS:
-        return [v for part in parts for v in part]
+        return list(chain.from_iterable(parts))
     if not parts:
         return np.zeros(0, _EMPTY_COLUMN.get(key, np.int64))
     return parts[0] if len(parts) == 1 else np.concatenate(parts)

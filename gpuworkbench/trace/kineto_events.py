@@ -1,6 +1,10 @@
 """Span columns from trace events: times in ns, ints read leniently, grid and block packed, device work's kinds from
 its categories and names, links by correlation, span blocks joined into one table, and counter events as counter
 samples, for the readers of ``kineto.py`` (the events themselves are gathered by ``kineto_decode.py``).
+
+A load's last steps run after its pieces are read, on one core, so they avoid sorts where counting does (``distinct``,
+``first_rows``: streams, threads, names and correlations span small ranges) and write each table column once, in
+start order, into the array the trace keeps (``concat_blocks``, ``columns.Handover``).
 """
 
 from __future__ import annotations
@@ -9,11 +13,12 @@ import contextlib
 import gc
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import InvalidArgument
+from .columns import Handover
 from .spans import COLUMNS, DEFAULTS, KIND_CODE, pack_dim3
 
 #: The largest |ts| or |dur| read, in µs: beyond it the time in ns leaves int64.
@@ -45,17 +50,20 @@ def device_kinds(
     ``args.pinned`` of our exports; None where not read) wins over the name where given (-1: not given)."""
     if not cat.size:
         return np.zeros(0, np.int8), np.zeros(0, np.int8)
-    pairs, inverse = np.unique(cat.astype(np.int64) * (len(names) + 1) + name, return_inverse=True)
+    pairs, inverse = distinct(cat.astype(np.int64) * (len(names) + 1) + name)
     found = [_classify(cats[c].lower(), names[n]) for c, n in zip(*np.divmod(pairs, len(names) + 1))]
-    kinds = np.array([k for k, _ in found], np.int8)[inverse.reshape(-1)]
-    by_name = np.array([p for _, p in found], np.int8)[inverse.reshape(-1)]
+    kinds = np.array([k for k, _ in found], np.int8)[inverse]
+    by_name = np.array([p for _, p in found], np.int8)[inverse]
     return kinds, by_name if pinned is None else np.where(pinned >= 0, pinned != 0, by_name).astype(np.int8)
 
 
 def time_columns(ts: np.ndarray, dur: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
     """Start and end (ns, as in the file) of complete events; a negative ``dur`` counts as 0."""
     start = ns_column(ts, where, "ts")
-    return start, start + np.maximum(ns_column(dur, where, "dur"), 0)
+    end = ns_column(dur, where, "dur")
+    np.maximum(end, 0, out=end)
+    end += start
+    return start, end
 
 
 def ns_column(values: Sequence[Any] | np.ndarray, where: str, what: str) -> np.ndarray:
@@ -64,12 +72,18 @@ def ns_column(values: Sequence[Any] | np.ndarray, where: str, what: str) -> np.n
         us = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
         raise InvalidArgument(f"cannot load trace {where}: an event's {what} is not a number") from None
-    if not np.isfinite(us).all():
-        raise InvalidArgument(f"cannot load trace {where}: an event's {what} is not a finite number")
-    if us.size and np.abs(us).max() > _US_MAX:
+    if us.size and not max(us.max(), -us.min()) <= _US_MAX:  # NaN fails the test too
+        if not np.isfinite(us).all():
+            raise InvalidArgument(f"cannot load trace {where}: an event's {what} is not a finite number")
         raise InvalidArgument(f"cannot load trace {where}: an event's {what} is out of range ({np.abs(us).max():g} µs)")
     whole = np.floor(us)
-    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
+    fraction = np.subtract(us, whole)  # in place from here on: a column of a large file is 10^6 values
+    fraction *= 1000
+    np.rint(fraction, out=fraction)
+    ns = whole.astype(np.int64)
+    ns *= 1000
+    ns += fraction.astype(np.int64)
+    return ns
 
 
 def int_column(values: Sequence[Any], default: int = -1) -> np.ndarray:
@@ -132,40 +146,166 @@ def _classify(cat: str, name: str) -> tuple[int, int]:
     return KIND_CODE[kind], host
 
 
-def link_column(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray, default: Any) -> np.ndarray:
-    """``values`` of the rows whose ``keys`` equal each of ``wanted`` (the first such row), else ``default``."""
-    out = np.full(wanted.size, default, dtype=values.dtype)
-    valid = keys >= 0
-    if not valid.any() or not wanted.size:
+def distinct(values: np.ndarray, first: bool = False) -> tuple[np.ndarray, ...]:
+    """``np.unique(values, return_inverse=True)`` of an integer array (``return_index=True`` too where ``first``):
+    the sorted distinct values, where each first occurs, and each value's index among them. Where the values span a
+    small range, or are int64 keys whose high and low 32 bits each do (``pid << 32 | tid``), they are counted in a
+    table over it, without a sort: a load's streams, threads and names are few among 10^5 or more events."""
+    values = np.asarray(values)
+    coded = _counted(values, True)
+    if coded is None:
+        found, index, inverse = np.unique(values, return_index=True, return_inverse=True)
+        return (found, index, inverse.reshape(-1)) if first else (found, inverse.reshape(-1))
+    found, inverse = coded
+    if not first:
+        return found, inverse
+    index = np.full(found.size, values.size, np.intp)
+    np.minimum.at(index, inverse, np.arange(values.size))
+    return found, index, inverse
+
+
+def distinct_values(values: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of an integer array (``distinct``'s first result, without the rest)."""
+    values = np.asarray(values)
+    coded = _counted(values, False)
+    return np.unique(values, return_index=True)[0] if coded is None else coded[0]
+
+
+def _counted(values: np.ndarray, inverse: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``distinct`` by counting (``_dense``, ``_dense_pairs``); None where the values are not in such ranges."""
+    coded = _dense(values, inverse)
+    if coded is None and values.dtype == np.int64 and values.size:
+        coded = _dense_pairs(values, inverse)
+    return coded
+
+
+def _dense(values: np.ndarray, inverse: bool = True) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``distinct`` by a table over the values' range; None where it is empty or wider than a few times their count."""
+    if not values.size:
+        return None
+    low, high = int(values.min()), int(values.max())
+    if high - low > 2 * values.size + 1024:
+        return None
+    shifted = np.subtract(values, low, dtype=np.intp)
+    present = np.bincount(shifted, minlength=high - low + 1) > 0
+    found = (np.flatnonzero(present) + low).astype(values.dtype)
+    return found, (np.cumsum(present) - 1)[shifted] if inverse else None
+
+
+def _dense_pairs(keys: np.ndarray, inverse: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``distinct`` of int64 keys by their high and low 32 bits, each in a small range (None where not): ordered by
+    (high, low), which is the keys' order."""
+    high, low = _dense(keys >> 32), _dense(keys & 0xFFFFFFFF)
+    if high is None or low is None:
+        return None
+    pairs = _dense(high[1] * low[0].size + low[1], inverse)  # type: ignore[operator]
+    if pairs is None:
+        return None
+    code = pairs[0]
+    return (high[0][code // low[0].size] << 32) | low[0][code % low[0].size], pairs[1]
+
+
+def first_rows(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """For each of ``wanted``, the first row whose key equals it (-1: none; a key or wanted value below 0 matches
+    nothing). Keys in a small range are looked up in a table over it, others found by a sort."""
+    out = np.full(wanted.size, -1, np.intp)
+    rows = np.flatnonzero(keys >= 0)
+    if not rows.size or not wanted.size:
         return out
-    order = np.argsort(keys[valid], kind="stable")
-    sorted_keys, sorted_values = keys[valid][order], values[valid][order]
+    valid = keys[rows]
+    low, high = int(valid.min()), int(valid.max())
+    if high - low <= 2 * (rows.size + wanted.size) + 1024:
+        first = np.full(high - low + 1, keys.size, np.intp)  # keys.size: no such key
+        np.minimum.at(first, valid - low, rows)
+        inside = np.flatnonzero((wanted >= low) & (wanted <= high))
+        found = first[wanted[inside] - low]
+        out[inside] = np.where(found < keys.size, found, -1)
+        return out
+    order = np.argsort(valid, kind="stable")
+    sorted_keys = valid[order]
     pos = np.minimum(np.searchsorted(sorted_keys, wanted), sorted_keys.size - 1)
     hit = (sorted_keys[pos] == wanted) & (wanted >= 0)
-    out[hit] = sorted_values[pos[hit]]
+    out[hit] = rows[order[pos[hit]]]
     return out
 
 
-def span_block(n: int, **columns: Any) -> dict[str, np.ndarray]:
+def pick(values: np.ndarray, rows: np.ndarray, default: Any) -> np.ndarray:
+    """``values[rows]``, ``default`` where a row is -1 (``first_rows``: none)."""
+    out = np.full(rows.size, default, dtype=values.dtype)
+    found = rows >= 0
+    out[found] = values[rows[found]]
+    return out
+
+
+def link_column(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray, default: Any) -> np.ndarray:
+    """``values`` of the rows whose ``keys`` equal each of ``wanted`` (the first such row), else ``default``."""
+    return pick(values, first_rows(keys, wanted), default)
+
+
+class Coded(NamedTuple):
+    """A string column of a span block given as codes into ``table`` (an object array): the codes are put in start
+    order and looked up once, not a million references moved at each step."""
+
+    codes: np.ndarray
+    table: np.ndarray
+
+
+class Block(dict):
+    """A span block of ``n`` rows: the columns given (arrays of the column's dtype, one value for every row, or a
+    ``Coded`` name); the others hold their defaults (``concat_blocks`` fills them)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+
+def span_block(n: int, **columns: Any) -> Block:
     """A span-column block of ``n`` rows: the columns given, defaults for the rest."""
-    block = {}
-    for column, dtype in COLUMNS.items():
-        value = columns.get(column, DEFAULTS.get(column, 0))
-        if dtype is object:
+    block = Block(n)
+    for column, value in columns.items():
+        dtype = COLUMNS.get(column)
+        if dtype is None or isinstance(value, Coded):
+            block[column] = value
+        elif dtype is object:
             block[column] = np.array(value, dtype=object) if len(value) == n else np.full(n, value, dtype=object)
+        elif np.ndim(value):
+            block[column] = np.asarray(value).astype(dtype, copy=False)
         else:
-            block[column] = np.broadcast_to(np.asarray(value), (n,)).astype(dtype)
+            block[column] = np.asarray(value).astype(dtype)  # one value for every row, cast as the column would
     return block
 
 
-def concat_blocks(blocks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The span blocks as one table, in start order."""
-    blocks = [b for b in blocks if len(b["kind"])]
+def concat_blocks(blocks: list[Block]) -> Handover:
+    """The span blocks as one table, in start order (a stable sort of their starts): each column written once, each
+    block's rows straight to their places, and handed over to the trace's storage (``Handover``: no copy there)."""
+    blocks = [b for b in blocks if b.n]
     if not blocks:
-        return span_block(0, kind=0, device=0, stream=0, start_ns=0, end_ns=0, name=[])
-    table = {c: np.concatenate([b[c] for b in blocks]) for c in COLUMNS}
-    order = np.argsort(table["start_ns"], kind="stable")
-    return {c: v[order] for c, v in table.items()}
+        return Handover({c: np.zeros(0, dtype) for c, dtype in COLUMNS.items()})
+    start = np.concatenate([b["start_ns"] for b in blocks])
+    order = np.argsort(start, kind="stable")
+    place = np.empty(start.size, np.intp)
+    place[order] = np.arange(start.size)
+    bounds = np.cumsum([0] + [b.n for b in blocks]).tolist()
+    rows = [place[a:z] for a, z in zip(bounds[:-1], bounds[1:])]
+    table = Handover(start_ns=start[order])
+    for column, dtype in COLUMNS.items():
+        if column == "start_ns":
+            continue
+        given = [b.get(column, DEFAULTS.get(column, 0)) for b in blocks]
+        coded = [v for v in given if isinstance(v, Coded)]
+        if coded and len(coded) == len(given) and all(v.table is coded[0].table for v in coded):
+            codes = np.empty(start.size, np.intp)
+            for at, value in zip(rows, coded):
+                codes[at] = value.codes
+            table[column] = coded[0].table[codes]
+            continue
+        fill = next((v for v in given if not isinstance(v, Coded) and not np.ndim(v)), None)
+        out = np.empty(start.size, dtype) if fill is None else np.full(start.size, fill, dtype)
+        for at, value in zip(rows, given):
+            if value is not fill:  # the blocks that hold one value for every row: written by the fill
+                out[at] = value.table[value.codes] if isinstance(value, Coded) else value
+        table[column] = out
+    return table
 
 
 def counter_columns(

@@ -1,5 +1,6 @@
 """A trace file read into ``EventGroups`` (``kineto_decode.py``) without holding the whole document: the
-``traceEvents`` array is cut at event boundaries (``}, {``) into pieces of about 8 MiB, and each piece is decoded by
+``traceEvents`` array is cut at event boundaries (``}, {``) into pieces of about 8 MiB (2 MiB in a mapped file's last
+32 MiB: the helper's last pieces, which the load waits for, are short), and each piece is decoded by
 msgspec into typed events, gathered into columns and let go. A plain file is mapped copy-on-write and each piece is a
 view of the mapping (its "[" and "]" written over the separators around it: no copy of the bytes, no reading thread);
 a gzip file (told by its magic bytes) comes in 8 MiB blocks gunzipped on a thread (reading and zlib release the GIL,
@@ -259,7 +260,7 @@ def _parse_mapped(
         collector = Collector(where, isinstance(meta.get("gpuworkbench"), dict) if own is None else own, flows)
         pieces = _Pieces(collector, helper)
         first, released = start - 1, 0  # the array's "[", then each piece's
-        while first + BLOCK < len(mm) and (cut := _CUT.search(mm, first + BLOCK)) is not None:
+        while (cut := _next_cut(mm, first)) is not None:
             end = cut.start() + 1
             mm[end] = ord("]")
             with view[first : end + 1] as array:
@@ -269,6 +270,14 @@ def _parse_mapped(
             released = _release(mm, released, first)
     meta.update(_end(mm, first, bare, pieces))
     return meta, collector
+
+
+def _next_cut(mm: mmap.mmap, first: int) -> re.Match[bytes] | None:
+    """The cut that ends the piece from ``first``: the first one ``BLOCK`` on, a quarter of that in the file's last
+    ``4 * BLOCK`` bytes, so that the pieces the load waits for at its end (the helper's last) are short; None: the
+    rest is the last piece."""
+    step = BLOCK if len(mm) - first > 4 * BLOCK else BLOCK // 4
+    return _CUT.search(mm, first + step) if first + step < len(mm) else None
 
 
 def _release(mm: mmap.mmap, released: int, upto: int) -> int:

@@ -41,6 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import lines
+from .kineto_events import distinct
 from .lines import Location
 
 #: A frame's event name: "file(line): function".
@@ -84,9 +85,9 @@ def stack_locations(
     starts = np.asarray(starts, np.int64)
     frames = _Frames(python, np.sort(starts))
     keys = {key: i for i, key in enumerate(frames.thread_keys)}  # threads with python events first, then the rest
-    used, inverse = np.unique(rows, return_inverse=True)
+    used, inverse = distinct(rows)
     row_code = np.array([keys.setdefault(row_threads[row], len(keys)) for row in used.tolist()], np.int64)
-    call_thread = row_code[inverse.reshape(-1)]
+    call_thread = row_code[inverse]
     pid_of = np.array(list(keys), np.int64) >> 32
     frame, child = frames.user_frames(call_thread, starts)
     for other in frames.by_size:  # rule 1: calls with no user frame on their thread, on their process's others
@@ -109,13 +110,12 @@ class _Frames:
         keep = np.searchsorted(calls, end, side="right") > np.searchsorted(calls, start, side="left")
         kept = np.flatnonzero(keep)
         start, end, thread_code = start[kept], end[kept], python.thread[kept]
-        used_names, name_code = np.unique(python.name[kept], return_inverse=True)
-        name_code = name_code.reshape(-1)
-        seen_threads, first, thread = np.unique(thread_code, return_index=True, return_inverse=True)
+        used_names, name_code = distinct(python.name[kept])
+        seen_threads, first, thread = distinct(thread_code, first=True)
         appearance = np.argsort(first, kind="stable")  # thread codes in order of first appearance
         rank = np.empty(seen_threads.size, np.int64)
         rank[appearance] = np.arange(seen_threads.size)
-        thread = rank[thread.reshape(-1)]
+        thread = rank[thread]
         order = np.lexsort((-end, start, thread))
         self.start, self.end, self.thread = start[order], end[order], thread[order]
         self.name_code = name_code[order]
@@ -134,7 +134,7 @@ class _Frames:
         """For calls on ``thread`` (codes; those from ``len(segments)`` on have no python events) at times ``t``: the
         innermost enclosing user frame (-1: none) and the frame below it on the stack (the call it made; -1: none)."""
         c = np.full(t.size, -1, np.int64)
-        for code in np.unique(thread[thread < len(self.segments)]).tolist():
+        for code in np.flatnonzero(np.bincount(thread[thread < len(self.segments)], minlength=1)).tolist():
             a, b = self.segments[code]
             at = np.flatnonzero(thread == code)
             c[at] = a + np.searchsorted(self.start[a:b], t[at], side="right") - 1
@@ -161,14 +161,14 @@ class _Frames:
             return loc, []
         width = len(self.names) + 1
         pair = self.name_code[frame[found]] * width + np.where(child[found] >= 0, self.name_code[child[found]] + 1, 0)
-        pairs, inverse = np.unique(pair, return_inverse=True)
+        pairs, inverse = distinct(pair)
         interned: dict[Location, int] = {}
         codes = np.empty(pairs.size, np.int32)
         for i, p in enumerate(pairs.tolist()):
             name, below = divmod(p, width)
             location = _location(self.names[name], call_text(self.names[below - 1]) if below else "")
             codes[i] = interned.setdefault(location, len(interned))
-        loc[found] = codes[inverse.reshape(-1)]
+        loc[found] = codes[inverse]
         return loc, list(interned)
 
 
@@ -181,11 +181,13 @@ def _parents(start: np.ndarray, end: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     position = np.arange(n, dtype=np.int64)
     depth = position - np.searchsorted(np.sort(end), start, side="right")
-    key = depth * n + position
-    ordered = np.sort(key)
-    at = np.searchsorted(ordered, (depth - 1) * n + position) - 1
+    ordered = np.sort(depth * n + position)  # by level, then position
+    at = np.searchsorted(ordered, ordered - n) - 1  # each one's (depth - 1) * n + position: sorted, a faster search
     found = ordered[np.maximum(at, 0)]
-    return np.where((depth > 0) & (at >= 0) & (found // n == depth - 1), found % n, -1)
+    level = ordered // n
+    parent = np.empty(n, np.int64)
+    parent[ordered % n] = np.where((level > 0) & (at >= 0) & (found // n == level - 1), found % n, -1)
+    return parent
 
 
 def _location(name: str, text: str) -> Location:
