@@ -186,12 +186,26 @@ class _Kineto:
             )
         return time_columns(g.ts, g.dur, self.where)
 
+    def _device_streams(self, g: Group, groups: EventGroups) -> np.ndarray:
+        """Device work's stream (``args.stream``, else its tid); one below -1 is refused, naming the event (host rows
+        are numbered from -2 down, and no profiler numbers a device stream so)."""
+        stream = _given(g.arg("stream"), groups.ints_of(g.tid, 0))
+        below = np.flatnonzero(stream < -1)
+        if below.size:
+            i = int(below[0])
+            what = f"{groups.cats[g.cat[i]]} {groups.names[g.name[i]]!r:.80}"
+            raise InvalidArgument(
+                f"cannot load trace {self.where}: traceEvents[{g.index[i]}] ({what}) is on stream {int(stream[i])}: "
+                "a device stream is -1 or more"
+            )
+        return stream
+
     def _device(self, groups: EventGroups) -> Block:
         g = groups.device
         start, end = self._device_times(g, groups)
         kinds, pinned = device_kinds(groups.cats, groups.names, g.cat, g.name, None)
         device = _given(g.arg("device"), groups.ints_of(g.pid, 0))
-        stream = _given(g.arg("stream"), groups.ints_of(g.tid, 0))
+        stream = self._device_streams(g, groups)
         corr = self._correlations(g, groups.flow_end, start, groups)
         # each device row once, with the (pid, tid) its thread_name metadata is filed under
         rows, first, _ = distinct((device << 32) ^ (stream & 0xFFFFFFFF), first=True)
@@ -233,7 +247,7 @@ class _Kineto:
     def _range_columns(self, g: Group, groups: EventGroups, start: np.ndarray) -> dict[str, Any]:
         """A GPU annotation's stream (``args.stream``, else its tid), enqueue time (its start) and name."""
         return {
-            "stream": _given(g.arg("stream"), groups.ints_of(g.tid, 0)),
+            "stream": self._device_streams(g, groups),
             "enqueue_ns": start + self.base_ns,
             "name": Coded(g.name, groups.name_table()),
         }

@@ -606,6 +606,23 @@ def test_device_work_with_a_negative_dur_is_refused_naming_it(tmp_path, small_bl
     assert f"traceEvents[{at}] ({category} {event['name']!r})" in text and "negative dur (-2.5 µs)" in text
 
 
+@pytest.mark.parametrize("category", ["kernel", "gpu_user_annotation"])
+def test_device_work_on_a_stream_below_minus_one_is_refused_naming_it(tmp_path, small_blocks, category):
+    """Host rows are numbered from -2 down: device work numbered so would take one's place."""
+    doc = kineto_doc()
+    found = [(i, e) for i, e in enumerate(doc["traceEvents"]) if e.get("cat") == category]
+    if not found:  # a GPU annotation on the first kernel's device, over its time
+        kernel = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+        doc["traceEvents"].append({**kernel, "cat": category, "name": "annotated", "args": {"device": 0}})
+        found = [(len(doc["traceEvents"]) - 1, doc["traceEvents"][-1])]
+    at, event = found[0]
+    event.setdefault("args", {})["stream"] = -5
+    with pytest.raises(gw.InvalidArgument) as caught:
+        gw.load_trace(write(doc, tmp_path / "t.json"))
+    text = str(caught.value)
+    assert f"traceEvents[{at}] ({category} {event['name']!r})" in text and "is on stream -5" in text
+
+
 def test_a_host_range_with_a_negative_dur_still_counts_as_empty(tmp_path):
     doc = kineto_doc()
     next(e for e in doc["traceEvents"] if e.get("cat") == "cpu_op")["dur"] = -1.0
