@@ -99,8 +99,9 @@ def range_columns(table: Mapping[str, np.ndarray], processes: Mapping[int, int] 
 def _name_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sorted distinct plain names (``plain_range_name``) of ``values`` and each value's index among them. A dict
     finds the distinct values (a sort of 10⁵ Python strings took ~5 × longer); only those are cut and sorted."""
-    index: dict[Any, int] = {}
-    raw_code = np.fromiter((index.setdefault(v, len(index)) for v in values.tolist()), np.int64, count=values.size)
+    items = values.tolist()
+    index = {v: i for i, v in enumerate(dict.fromkeys(items))}  # distinct values in order of first use, then looked
+    raw_code = np.fromiter(map(index.__getitem__, items), np.int64, count=len(items))  # up by C-level iteration
     plain = [plain_range_name(str(v)) for v in index]
     names = sorted(set(plain))
     position = {name: i for i, name in enumerate(names)}
