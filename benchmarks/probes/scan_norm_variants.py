@@ -5,7 +5,7 @@ device-to-device copy of the same bytes and checked against NumPy, on one device
 
 cumsum (``row_cumsum``): a chunk read through shared memory or straight into registers (``direct``), the rakes' 32
 sums scanned in 5 Hillis-Steele rounds or by 4 threads (``two_level``), with or without ``min_blocks=6``. Layer norm:
-Chan's merges (``row_layer_norm``) or sums shifted by the row's first value (``row_layer_norm_shifted``), 16 or 32
+Chan's merges or sums shifted by the row's first value (``row_layer_norm``'s ``shifted``), the rows' own step or 32
 values a step. ``--once``: launch each kernel once and check it (for a profiler such as ncu).
 """
 
@@ -67,9 +67,9 @@ def main() -> None:
             mu, sd = wide.mean(axis=1, keepdims=True), wide.std(axis=1, keepdims=True)
             want_ln = (wide - mu) / np.sqrt(sd * sd + 1e-5) * gh.astype(np.float64) + bh.astype(np.float64)
             norm = (y, x, g, b, cols, 1e-5)
-            kernels["layer_norm", "Chan's merges"] = (rk.row_layer_norm(t), norm, want_ln)
+            kernels["layer_norm", "Chan's merges"] = (rk.row_layer_norm(t, 0, True, False), norm, want_ln)
             for u in sorted({rk.unroll_rows(t), 32}):
-                kernels["layer_norm", f"shifted, {u} a step"] = (rk.row_layer_norm_shifted(t, u), norm, want_ln)
+                kernels["layer_norm", f"shifted, {u} a step"] = (rk.row_layer_norm(t, u, True, True), norm, want_ln)
         for (op, variant), (k, kargs, want) in kernels.items():
             k.launch(rows * rk.ROW, *kargs, stream=stream)
             stream.synchronize()

@@ -201,10 +201,9 @@ def layer_norm(
         hold = _held(call, cols)
         if hold:  # the row held in shared memory: one read, two-pass statistics
             kernel = row_layer_norm_held(call.type, hold, distinct)
-        elif ITEMSIZE[call.type] == 2:
-            kernel = rk.row_layer_norm_shifted(call.type, rk.unroll_shifted(cols), distinct)
-        else:
-            kernel = rk.row_layer_norm(call.type, distinct=distinct)
+        else:  # 16-bit rows: shifted sums, more values a step on long rows (unroll_shifted)
+            u = rk.unroll_shifted(cols) if ITEMSIZE[call.type] == 2 else 0
+            kernel = rk.row_layer_norm(call.type, u, distinct)
         _launch_rows(kernel, call, rows if cols else 0, nbytes, result, call.buffer("x"), *params, cols, float(eps))
         return call.result(result)
 

@@ -11,7 +11,7 @@ values at a time (see ``row_cumsum``).
 Softmax reads its row once for the maximum and the sum together (a running sum rescaled when the maximum grows) and
 once more to write; layer norm gathers mean and squared deviations in one read (chunks of ``unroll`` values, merged
 by Chan's pairwise formula, as stable as two passes; 16-bit rows, whose results are rounded to 16 bits, take plain
-sums shifted by a value of the row: ``row_layer_norm_shifted``) and reads again to write. The second read of a row
+sums shifted by a value of the row: ``row_layer_norm``'s SHIFTED) and reads again to write. The second read of a row
 comes soon after the first, while the row is in cache. Kernels that write rows are made ``distinct`` (C's restrict:
 the loads of a step issue together ahead of its stores) unless the result is written over the input. NaN propagates
 as in NumPy (except on WebGPU, whose WGSL may assume there is none; see _kernels).
@@ -256,67 +256,118 @@ def row_softmax(ty: str = "f32", u: int = 0, distinct: bool = True) -> PythonKer
 
 
 @functools.cache
-def row_layer_norm(ty: str = "f32", u: int = 0, distinct: bool = True) -> PythonKernel:
+def row_layer_norm(ty: str = "f32", u: int = 0, distinct: bool = True, shifted: bool | None = None) -> PythonKernel:
+    """The layer norm kernel for ``ty``, ``u`` values a step (0: ``unroll_rows``); ``shifted`` (the statistics as
+    shifted sums, below) defaults to 16-bit types, Chan's merges to the others."""
     T, ACC, U = SCALAR_TYPES[ty], acc_type(ty), u or unroll_rows(ty)
+    SHIFTED = ITEMSIZE[ty] == 2 if shifted is None else shifted
 
     @gw.kernel(name=kernel_name("row_layer_norm", ty), block=ROW, distinct=distinct)
     def row_layer_norm(i: gw.index, out: T[:, gw.width.cols], x: T[:, gw.width.cols], gamma: T[:], beta: T[:],
                        cols: gw.i32, eps: ACC):  # fmt: skip
         """(x - mean) / sqrt(var + eps) * gamma + beta over each row. Each thread keeps a count, mean and sum of
         squared deviations (m2) of its elements: a chunk of U values gives its own (U, mean, m2), merged into the
-        thread's by Chan's formula; lone tail values by Welford's; the block merges its threads' the same way."""
-        rn = gw.shared(ROW, ACC)
-        rmean = gw.shared(ROW, ACC)
-        rm2 = gw.shared(ROW, ACC)
+        thread's by Chan's formula; lone tail values by Welford's; the block merges its threads' the same way.
+        SHIFTED (16-bit rows, whose results are rounded to 16 bits): sums of d = x - x[row, 0] and of d² instead
+        (var = mean(d²) - mean(d)²), reduced in three levels of plain sums (3 barriers; Chan's merges take 8 and a
+        division each). Shifting by a value of the row bounds the loss to the variance's float32 rounding times the
+        row length in the worst case (the row's first value an outlier), typically a few roundings. On an H200,
+        float16 rows ran at 0.72 of the copy this way against 0.68 (docs/benchmarks.md, "Kernel library")."""
+        rn = gw.shared(ROW + 4, ACC)  # Chan: counts; shifted: the sums of d
+        rmean = gw.shared(ROW + 4, ACC)  # Chan: means; shifted: the sums of d²
+        rm2 = gw.shared(ROW, ACC)  # Chan: squared deviations
         lid = gw.local_id(0)
         row = gw.group_id(0)
         steps = (cols + ROW - 1) // ROW
         full = cols // (U * ROW)
-        n = ACC(0)
         mean = ACC(0)
-        m2 = ACC(0)
-        for t in range(full):
-            base = t * (U * ROW) + lid
-            cs = ACC(0)
-            for u in range(U):
-                cs += x[row, base + u * ROW]
-            cm = cs / U
-            cq = ACC(0)
-            for u in range(U):
-                d = x[row, base + u * ROW] - cm
-                cq += d * d
-            nn = n + U
-            delta = cm - mean
-            mean += delta * (U / nn)
-            m2 += cq + delta * delta * (n * U / nn)
-            n = nn
-        for t in range(full * U, steps):
-            c = t * ROW + lid
-            if c < cols:
-                v = x[row, c]
-                n += 1
-                d = v - mean
-                mean += d / n
-                m2 += d * (v - mean)
-        rn[lid] = n
-        rmean[lid] = mean
-        rm2[lid] = m2
-        gw.barrier()
-        stride = ROW // 2
-        for _ in range(HALVINGS):
-            if lid < stride:
-                nb = rn[lid + stride]
-                if nb > 0:
-                    na = rn[lid]
-                    nn = na + nb
-                    delta = rmean[lid + stride] - rmean[lid]
-                    rmean[lid] += delta * (nb / nn)
-                    rm2[lid] += rm2[lid + stride] + delta * delta * (na * nb / nn)
-                    rn[lid] = nn
+        scale = ACC(0)
+        if SHIFTED:
+            shift = ACC(x[row, 0])
+            s1 = ACC(0)
+            s2 = ACC(0)
+            for t in range(full):
+                base = t * (U * ROW) + lid
+                for u in range(U):
+                    d = x[row, base + u * ROW] - shift
+                    s1 += d
+                    s2 += d * d
+            for t in range(full * U, steps):
+                c = t * ROW + lid
+                if c < cols:
+                    d = x[row, c] - shift
+                    s1 += d
+                    s2 += d * d
+            rn[lid] = s1
+            rmean[lid] = s2
             gw.barrier()
-            stride //= 2
-        mean = rmean[0]
-        scale = 1.0 / math.sqrt(rm2[0] / cols + eps)
+            if lid < 32:  # 32 threads sum 8 entries each, 32 apart (no bank conflicts)
+                a1 = ACC(0)
+                a2 = ACC(0)
+                for u in range(8):
+                    a1 += rn[lid + u * 32]
+                    a2 += rmean[lid + u * 32]
+                rn[lid] = a1
+                rmean[lid] = a2
+            gw.barrier()
+            if lid < 4:  # then 4 threads 8 of those each
+                b1 = ACC(0)
+                b2 = ACC(0)
+                for u in range(8):
+                    b1 += rn[lid + u * 4]
+                    b2 += rmean[lid + u * 4]
+                rn[ROW + lid] = b1
+                rmean[ROW + lid] = b2
+            gw.barrier()
+            m = (rn[ROW] + rn[ROW + 1] + rn[ROW + 2] + rn[ROW + 3]) / cols
+            var = (rmean[ROW] + rmean[ROW + 1] + rmean[ROW + 2] + rmean[ROW + 3]) / cols - m * m
+            mean = shift + m
+            scale = 1.0 / math.sqrt(max(var, 0.0) + eps)
+        else:
+            n = ACC(0)
+            m2 = ACC(0)
+            for t in range(full):
+                base = t * (U * ROW) + lid
+                cs = ACC(0)
+                for u in range(U):
+                    cs += x[row, base + u * ROW]
+                cm = cs / U
+                cq = ACC(0)
+                for u in range(U):
+                    d = x[row, base + u * ROW] - cm
+                    cq += d * d
+                nn = n + U
+                delta = cm - mean
+                mean += delta * (U / nn)
+                m2 += cq + delta * delta * (n * U / nn)
+                n = nn
+            for t in range(full * U, steps):
+                c = t * ROW + lid
+                if c < cols:
+                    v = x[row, c]
+                    n += 1
+                    d = v - mean
+                    mean += d / n
+                    m2 += d * (v - mean)
+            rn[lid] = n
+            rmean[lid] = mean
+            rm2[lid] = m2
+            gw.barrier()
+            stride = ROW // 2
+            for _ in range(HALVINGS):
+                if lid < stride:
+                    nb = rn[lid + stride]
+                    if nb > 0:
+                        na = rn[lid]
+                        nn = na + nb
+                        delta = rmean[lid + stride] - rmean[lid]
+                        rmean[lid] += delta * (nb / nn)
+                        rm2[lid] += rm2[lid + stride] + delta * delta * (na * nb / nn)
+                        rn[lid] = nn
+                gw.barrier()
+                stride //= 2
+            mean = rmean[0]
+            scale = 1.0 / math.sqrt(rm2[0] / cols + eps)
         for t in range(full):
             base = t * (U * ROW) + lid
             for u in range(U):
@@ -328,77 +379,6 @@ def row_layer_norm(ty: str = "f32", u: int = 0, distinct: bool = True) -> Python
                 out[row, c] = (x[row, c] - mean) * scale * gamma[c] + beta[c]
 
     return row_layer_norm
-
-
-@functools.cache
-def row_layer_norm_shifted(ty: str = "f16", u: int = 0, distinct: bool = True) -> PythonKernel:
-    T, ACC, U = SCALAR_TYPES[ty], acc_type(ty), u or unroll_rows(ty)
-
-    @gw.kernel(name=kernel_name("row_layer_norm", ty), block=ROW, distinct=distinct)
-    def row_layer_norm_shifted(i: gw.index, out: T[:, gw.width.cols], x: T[:, gw.width.cols], gamma: T[:],
-                               beta: T[:], cols: gw.i32, eps: ACC):  # fmt: skip
-        """row_layer_norm for 16-bit rows: sums of d = x - x[row, 0] and of d² (var = mean(d²) - mean(d)², mean =
-        x[row, 0] + mean(d)), reduced in three levels of plain sums (3 barriers; Chan's merges take 8 and a division
-        each). Shifting by a value of the row bounds the loss to the variance's float32 rounding times the row length
-        in the worst case (the row's first value an outlier), and typically to a few roundings: far below 16 bits.
-        On an H200 (benchmarks/probes/scan_norm_variants.py) float16 rows ran at 0.72 of the copy, against 0.68."""
-        r1 = gw.shared(ROW + 4, ACC)
-        r2 = gw.shared(ROW + 4, ACC)
-        lid = gw.local_id(0)
-        row = gw.group_id(0)
-        steps = (cols + ROW - 1) // ROW
-        full = cols // (U * ROW)
-        shift = ACC(x[row, 0])
-        s1 = ACC(0)
-        s2 = ACC(0)
-        for t in range(full):
-            base = t * (U * ROW) + lid
-            for u in range(U):
-                d = x[row, base + u * ROW] - shift
-                s1 += d
-                s2 += d * d
-        for t in range(full * U, steps):
-            c = t * ROW + lid
-            if c < cols:
-                d = x[row, c] - shift
-                s1 += d
-                s2 += d * d
-        r1[lid] = s1
-        r2[lid] = s2
-        gw.barrier()
-        if lid < 32:  # 32 threads sum 8 entries each, 32 apart (no bank conflicts)
-            a1 = ACC(0)
-            a2 = ACC(0)
-            for u in range(8):
-                a1 += r1[lid + u * 32]
-                a2 += r2[lid + u * 32]
-            r1[lid] = a1
-            r2[lid] = a2
-        gw.barrier()
-        if lid < 4:  # then 4 threads 8 of those each
-            b1 = ACC(0)
-            b2 = ACC(0)
-            for u in range(8):
-                b1 += r1[lid + u * 4]
-                b2 += r2[lid + u * 4]
-            r1[ROW + lid] = b1
-            r2[ROW + lid] = b2
-        gw.barrier()
-        m = (r1[ROW] + r1[ROW + 1] + r1[ROW + 2] + r1[ROW + 3]) / cols
-        var = (r2[ROW] + r2[ROW + 1] + r2[ROW + 2] + r2[ROW + 3]) / cols - m * m
-        mean = shift + m
-        scale = 1.0 / math.sqrt(max(var, 0.0) + eps)
-        for t in range(full):
-            base = t * (U * ROW) + lid
-            for u in range(U):
-                c = base + u * ROW
-                out[row, c] = (x[row, c] - mean) * scale * gamma[c] + beta[c]
-        for t in range(full * U, steps):
-            c = t * ROW + lid
-            if c < cols:
-                out[row, c] = (x[row, c] - mean) * scale * gamma[c] + beta[c]
-
-    return row_layer_norm_shifted
 
 
 @functools.cache
