@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .codes import factorize
 from .spans import HOST_KINDS, KIND_CODE, KINDS
 
 #: Columns of ``statistics().ranges``, in order.
@@ -99,10 +100,8 @@ def range_columns(table: Mapping[str, np.ndarray], processes: Mapping[int, int] 
 def _name_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sorted distinct plain names (``plain_range_name``) of ``values`` and each value's index among them. A dict
     finds the distinct values (a sort of 10⁵ Python strings took ~5 × longer); only those are cut and sorted."""
-    items = values.tolist()
-    index = {v: i for i, v in enumerate(dict.fromkeys(items))}  # distinct values in order of first use, then looked
-    raw_code = np.fromiter(map(index.__getitem__, items), np.int64, count=len(items))  # up by C-level iteration
-    plain = [plain_range_name(str(v)) for v in index]
+    raw_code, raw = factorize(values)
+    plain = [plain_range_name(str(v)) for v in raw.tolist()]
     names = sorted(set(plain))
     position = {name: i for i, name in enumerate(names)}
     plain_code = np.array([position[p] for p in plain], np.int64)

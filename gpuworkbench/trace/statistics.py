@@ -27,6 +27,7 @@ from gpuworkbench._format import decimal_bytes, duration_ns, gbps, percent
 from gpuworkbench.errors import InvalidArgument
 
 from .analysis.intervals import total_length, union
+from .codes import factorize
 from .device_limits import DeviceLimits, limits_of
 from .kernel_shapes import SHAPE_COLUMNS, shape_columns
 from .line_stats import empty_lines, line_columns
@@ -57,26 +58,6 @@ _REQUIRED = ("kind", "device", "start_ns", "end_ns", "enqueue_ns", "bytes", "nam
 
 
 # --- grouping -------------------------------------------------------------------------------------------------------
-
-
-def factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Codes (intp, one per value) and the distinct values they index, in order of first appearance, for an object
-    array of strings.
-
-    A dict finds the distinct values and a C-level lookup codes each value (no sort of Python strings, no hash
-    column); a column holding something unhashable is grouped by its values' text, which the distinct values are.
-    """
-    values = np.asarray(values, dtype=object)
-    if values.size == 0:
-        return np.zeros(0, np.intp), np.zeros(0, object)
-    items = values.tolist()
-    try:
-        index = {v: i for i, v in enumerate(dict.fromkeys(items))}
-    except TypeError:  # something unhashable in the column: its values' text, grouped
-        items = [str(v) for v in items]
-        index = {v: i for i, v in enumerate(dict.fromkeys(items))}
-    codes = np.fromiter(map(index.__getitem__, items), np.intp, count=len(items))
-    return codes, np.fromiter(index, object, count=len(index))
 
 
 def _groups(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

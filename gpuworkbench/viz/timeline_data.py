@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from gpuworkbench.trace.analysis import STATE_OF_MASK, STATES, state_segments
+from gpuworkbench.trace.codes import factorize
 from gpuworkbench.trace.device_limits import DeviceLimits
 from gpuworkbench.trace.lines import Location, short_file
 from gpuworkbench.trace.spans import HOST_KINDS, HOST_STREAM, KIND_CODE, KINDS
@@ -445,11 +446,8 @@ def state_columns(table: Mapping[str, np.ndarray], rows: RowLayout, t0_ns: int) 
 
 def name_codes(table: Mapping[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
     """Every span's name as a code into the names (first "" and ``ENQUEUE``, then the others in order of first use)."""
-    items = np.asarray(table["name"], dtype=object).tolist()
-    index: dict[str, int] = {"": 0, ENQUEUE: 1}
-    for v in dict.fromkeys(items):
-        index.setdefault(v, len(index))
-    return np.fromiter(map(index.__getitem__, items), dtype=np.int64, count=len(items)), list(index)
+    codes, strings = factorize(table["name"], leading=("", ENQUEUE))
+    return codes.astype(np.int64, copy=False), strings.tolist()
 
 
 def call_names(name: np.ndarray, call: np.ndarray) -> np.ndarray:

@@ -275,6 +275,8 @@ def test_factorize_groups_equal_strings_in_order_of_first_appearance():
     codes, uniques = factorize(values)
     assert list(uniques[codes]) == list(values) and list(uniques) == ["b", "a", "c"]
     assert codes.dtype == np.intp and list(codes) == [0, 1, 0, 2, 1]
+    codes, uniques = factorize(values, leading=("", "a"))  # leading strings first, present or not
+    assert list(uniques) == ["", "a", "b", "c"] and list(codes) == [2, 1, 2, 3, 1]
     unhashable = np.empty(3, object)
     unhashable[:] = [["x"], "y", ["x"]]  # grouped by their text
     codes, uniques = factorize(unhashable)
