@@ -40,7 +40,7 @@ from .export import HOST_PID, STREAM_OFFSET
 from .kineto_decode import EventGroups, Group
 from .kineto_events import (
     Block,
-    Coded,
+    NameCodes,
     collector_paused,
     concat_blocks,
     counter_columns,
@@ -222,7 +222,7 @@ class _Kineto:
             start_ns=start + self.base_ns,
             end_ns=end + self.base_ns,
             bytes=np.maximum(g.arg("bytes"), 0),
-            name=Coded(g.name, groups.name_table()),
+            name=NameCodes(g.name, groups.name_table()),
             pinned=pinned,
             corr=corr,
             grid=g.arg("grid"),
@@ -249,7 +249,7 @@ class _Kineto:
         return {
             "stream": self._device_streams(g, groups),
             "enqueue_ns": start + self.base_ns,
-            "name": Coded(g.name, groups.name_table()),
+            "name": NameCodes(g.name, groups.name_table()),
         }
 
     def _correlations(self, g: Group, flows: Group, start: np.ndarray, groups: EventGroups) -> np.ndarray:
@@ -279,7 +279,7 @@ class _Kineto:
             start_ns=start,
             end_ns=end,
             enqueue_ns=start,
-            name=Coded(g.name, groups.name_table()),
+            name=NameCodes(g.name, groups.name_table()),
             corr=corr,
         )
         block["_thread"] = groups.threads_of(g)  # replaced by a stream in _host_rows

@@ -242,7 +242,7 @@ def link_column(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray, defaul
     return pick(values, first_rows(keys, wanted), default)
 
 
-class Coded(NamedTuple):
+class NameCodes(NamedTuple):
     """A string column of a span block given as codes into ``table`` (an object array): the codes are put in start
     order and looked up once, not a million references moved at each step."""
 
@@ -252,7 +252,7 @@ class Coded(NamedTuple):
 
 class Block(dict):
     """A span block of ``n`` rows: the columns given (arrays of the column's dtype, one value for every row, or a
-    ``Coded`` name); the others hold their defaults (``concat_blocks`` fills them)."""
+    ``NameCodes`` name); the others hold their defaults (``concat_blocks`` fills them)."""
 
     def __init__(self, n: int) -> None:
         super().__init__()
@@ -264,7 +264,7 @@ def span_block(n: int, **columns: Any) -> Block:
     block = Block(n)
     for column, value in columns.items():
         dtype = COLUMNS.get(column)
-        if dtype is None or isinstance(value, Coded):
+        if dtype is None or isinstance(value, NameCodes):
             block[column] = value
         elif dtype is object:
             block[column] = np.array(value, dtype=object) if len(value) == n else np.full(n, value, dtype=object)
@@ -292,18 +292,18 @@ def concat_blocks(blocks: list[Block]) -> Handover:
         if column == "start_ns":
             continue
         given = [b.get(column, DEFAULTS.get(column, 0)) for b in blocks]
-        coded = [v for v in given if isinstance(v, Coded)]
+        coded = [v for v in given if isinstance(v, NameCodes)]
         if coded and len(coded) == len(given) and all(v.table is coded[0].table for v in coded):
             codes = np.empty(start.size, np.intp)
             for at, value in zip(rows, coded):
                 codes[at] = value.codes
             table[column] = coded[0].table[codes]
             continue
-        fill = next((v for v in given if not isinstance(v, Coded) and not np.ndim(v)), None)
+        fill = next((v for v in given if not isinstance(v, NameCodes) and not np.ndim(v)), None)
         out = np.empty(start.size, dtype) if fill is None else np.full(start.size, fill, dtype)
         for at, value in zip(rows, given):
             if value is not fill:  # the blocks that hold one value for every row: written by the fill
-                out[at] = value.table[value.codes] if isinstance(value, Coded) else value
+                out[at] = value.table[value.codes] if isinstance(value, NameCodes) else value
         table[column] = out
     return table
 

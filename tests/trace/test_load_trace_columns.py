@@ -9,7 +9,7 @@ import pytest
 
 from gpuworkbench.trace.columns import Columns, Handover
 from gpuworkbench.trace.kineto_events import (
-    Coded,
+    NameCodes,
     concat_blocks,
     distinct,
     distinct_values,
@@ -92,7 +92,7 @@ def plain_concat(blocks: list[dict]) -> dict[str, np.ndarray]:
         columns = {}
         for column, dtype in COLUMNS.items():
             value = block.get(column, DEFAULTS.get(column, 0))
-            if isinstance(value, Coded):
+            if isinstance(value, NameCodes):
                 value = value.table[value.codes]
             columns[column] = (
                 np.asarray(value, object) if dtype is object else np.broadcast_to(np.asarray(value), (n,)).astype(dtype)
@@ -109,10 +109,10 @@ def test_concat_blocks_puts_each_row_in_start_order(rows: tuple[int, int, int]) 
     a, b, c = rows
     blocks = [
         span_block(a, kind=4, device=RNG.integers(0, 2, a), stream=7, start_ns=RNG.integers(0, 50, a) * 10,
-                   end_ns=RNG.integers(500, 600, a), name=Coded(RNG.integers(0, 3, a), names),
+                   end_ns=RNG.integers(500, 600, a), name=NameCodes(RNG.integers(0, 3, a), names),
                    grid=RNG.integers(1, 9, a)),
         span_block(b, kind=8, device=0, stream=-2, start_ns=RNG.integers(0, 50, b) * 10, end_ns=600,
-                   name=Coded(RNG.integers(0, 3, b), names), corr=RNG.integers(0, 99, b)),
+                   name=NameCodes(RNG.integers(0, 3, b), names), corr=RNG.integers(0, 99, b)),
         span_block(c, kind=9, device=1, stream=-3, start_ns=RNG.integers(0, 50, c) * 10, end_ns=600,
                    name=[f"range {i % 4}" for i in range(c)]),
     ]  # fmt: skip
