@@ -14,7 +14,7 @@ import numpy as np
 from . import _dispatch, listeners
 from ._format import binary_bytes
 from ._memory import as_dtype
-from .backends.base import BufferArg
+from .backends.base import BufferArg, PinnedArray
 from .errors import BufferClosed, InvalidArgument
 from .op_names import PEER_ROUTES, peer_copy_name
 from .streams import Event, Stream
@@ -180,8 +180,19 @@ class Buffer:
     def _host_copy_async(self, kind: str, host: np.ndarray, stream: Stream, name: str | None) -> Event:
         # The launch path of small copies: every check stays; the span's name and the pinned flag are worked out
         # only when a trace or a capture will read them.
-        handle = self.check()
-        host = self._check_host(host, writable=kind == "d2h", asynchronous=True)
+        if self._freed or self.device.closed:
+            self.check()  # raises BufferClosed
+        handle = self.handle
+        # _check_host's common case, inlined: an array of this dtype and length, C-contiguous (writable for d2h)
+        flags = host.flags if type(host) is PinnedArray or type(host) is np.ndarray else None
+        if not (
+            flags is not None
+            and host.dtype is self.dtype
+            and host.size == self.length
+            and flags.c_contiguous
+            and (kind == "h2d" or flags.writeable)
+        ):
+            host = self._check_host(host, writable=kind == "d2h", asynchronous=True)
         if stream is None or type(stream) is not Stream or stream.device is not self.device:
             stream = self._stream(stream)
         if stream.closed:

@@ -47,6 +47,10 @@ class ElementwiseKernel:
         # kernel, grid, block and trailing arguments, worked out once per signature (the checks still run per call)
         self._spec = [(n, dt, n in self.outputs) for n, dt in self.params]
         self._plans: dict[tuple[int, int, int, Any], tuple[Kernel, tuple, tuple, list]] = {}
+        #: The last call whose arguments were all Buffers: their ids, its stream and block objects, ``Buffer.frees``
+        #: then, and its plan. A call with the same objects while no buffer was freed needs none of the checks again
+        #: (a Buffer's dtype, length and device never change).
+        self._hot: tuple | None = None
         self.source("opencl")  # checks names, operators and functions here, for every backend (the CPU's too)
 
     @staticmethod
@@ -168,9 +172,15 @@ class ElementwiseKernel:
     def __call__(self, *args: Any, stream: Stream | None = None, block: int = 256, name: str | None = None) -> Event:
         """Enqueue the expression over every element on ``stream`` (traced as ``name``, default the kernel's name).
         Non-blocking; returns an Event."""
+        hot = self._hot
+        if hot is not None and stream is hot[1] and block is hot[2] and hot[3] == Buffer.frees:
+            if tuple(map(id, args)) == hot[0]:
+                kernel, grid, block_t, tail = hot[4]
+                return kernel(grid, block_t, [*args, *tail], stream, name)
         spec = self._spec
         if len(args) != len(spec):
             raise InvalidArgument(f"{self.name} takes {len(spec)} arguments ({self._sig()}), got {len(args)}")
+        frees = Buffer.frees  # before the checks: a buffer freed after them must not pass as checked
         device: Any = None
         n = mask = 0
         bit = 1
@@ -203,6 +213,7 @@ class ElementwiseKernel:
         if scalar_output is not None:
             pname, a = scalar_output
             raise InvalidArgument(f"{self.name}: output {pname!r} must be a Buffer, not {type(a).__name__}")
+        given = stream
         if stream is None:
             stream = device.default_stream
         elif not isinstance(stream, Stream) or stream.device is not device:
@@ -214,6 +225,8 @@ class ElementwiseKernel:
         if plan is None:
             plan = self._plan(device, mask, n, block)
         kernel, grid, block_t, tail = plan
+        if mask == (1 << len(spec)) - 1:  # only Buffers: the next call with these needs no checks
+            self._hot = (tuple(map(id, args)), given, block, frees, plan)
         if tail:
             values += tail
         # Through the Kernel's call: the plan's grid, block and tail are the same objects every time, so a call with

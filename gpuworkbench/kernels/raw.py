@@ -32,6 +32,7 @@ def _drop_prepared() -> None:
     for kernel in list(_PREPARING):
         kernel._repeats.clear()
         kernel._shapes.clear()
+        kernel._hot = kernel._near = None
 
 
 Buffer.on_free.append(_drop_prepared)
@@ -77,6 +78,8 @@ class Kernel:
         self._repeats: dict[tuple, tuple] = {}  # see _repeat
         self._shapes: dict[tuple, tuple] = {}  # see _shaped
         self._last: tuple | None = None  # the last launch's key and objects
+        self._hot: tuple | None = None  # the last repeat found: (grid, block, stream, ids, entry); see __call__
+        self._near: tuple | None = None  # the last shape found: (grid, block, stream, parts, key, entry)
         self._misses = 0  # launches in a row that were not repeats
         self._skip = 0  # launches still to make without a key, after _MISSES misses
         #: Shared bytes per block its source declares (``@gw.kernel``'s shared arrays), -1 where not known: what a
@@ -111,11 +114,52 @@ class Kernel:
         # This is the launch path: every check stays, in as few Python steps as the common case allows; a repeat
         # of an earlier launch (the same grid, block, stream and argument objects) skips them (see _repeat).
         key = shape = None
+        kind = type(args)
+        # the last repeat found, kept with its grid, block and stream objects and its arguments' ids: while launches
+        # repeat it, no key is built or looked up (objects compared by identity, arguments by id as in the key)
+        hot = self._hot if kind is tuple or kind is list else None
+        if hot is not None and grid is hot[0] and block is hot[1] and stream is hot[2]:
+            ids, hit = hot[3], hot[4]
+            n = len(args)
+            if n == 1:
+                same = id(args[0]) == ids[0]
+            elif n == 2:
+                same = id(args[0]) == ids[0] and id(args[1]) == ids[1]
+            else:
+                same = tuple(map(id, args)) == ids
+            if same and hit[0] == Buffer.frees:
+                s = hit[1]
+                if s.capturing is None and not s.closed and not listeners.RECORDING:
+                    self._misses = 0
+                    completion = self._launch_prepared(hit[2], s.raw)
+                    values = hit[3]
+                    s.inflight.append((completion, values))  # Stream.track, inlined
+                    s.appended += 1
+                    if s.appended & 63 == 0:
+                        s.prune_now()
+                    sid = s.id
+                    for i in hit[4]:
+                        args[i].inflight[sid] = completion  # Buffer.touch, inlined
+                    return Event(completion, s, values)
         if self._skip:  # launches lately were not repeats (a scalar that changes every time): look for their shape
             self._skip -= 1
-            if type(args) is tuple or type(args) is list:
-                shape = (id(grid), id(block), id(stream), *[id(a) if type(a) is Buffer else type(a) for a in args])
-                hit = self._shapes.get(shape)
+            if kind is tuple or kind is list:
+                hit = None
+                near = self._near  # the last shape found: compared part by part, as its key would be
+                if near is not None and grid is near[0] and block is near[1] and stream is near[2]:
+                    parts = near[3]
+                    if len(args) == len(parts):
+                        for a, part in zip(args, parts):
+                            if (id(a) if type(a) is Buffer else type(a)) != part:
+                                break
+                        else:
+                            shape, hit = near[4], near[5]
+                if hit is None:
+                    parts = tuple([id(a) if type(a) is Buffer else type(a) for a in args])
+                    shape = (id(grid), id(block), id(stream), *parts)
+                    hit = self._shapes.get(shape)
+                    if hit is not None:
+                        self._near = (grid, block, stream, parts, shape, hit)
                 if hit is not None and hit[0] == Buffer.frees:
                     s = hit[1]
                     if s.capturing is None and not s.closed:
@@ -146,47 +190,46 @@ class Kernel:
                             for i in hit[7]:
                                 args[i].inflight[sid] = completion  # Buffer.touch, inlined
                             return Event(completion, s, values)
-        else:
-            kind = type(args)
-            if kind is tuple or kind is list:  # else the checks below say what is wrong
-                n = len(args)  # one and two arguments spelled out: a third of the key's cost
-                if n == 1:
-                    key = (id(grid), id(block), id(stream), id(args[0]))
-                elif n == 2:
-                    key = (id(grid), id(block), id(stream), id(args[0]), id(args[1]))
-                else:
-                    key = (id(grid), id(block), id(stream), *map(id, args))
-                hit = self._repeats.get(key)
-                if hit is not None and hit[0] == Buffer.frees:
-                    s = hit[1]
-                    if s.capturing is None and not s.closed:
-                        self._misses = 0
-                        values = hit[3]
-                        traces = listeners.RECORDING
-                        if traces:  # a trace records it (and says whether to time it)
-                            name = name or self.name
-                            launched = (*hit[7], *self.resources())
-                            if len(traces) == 1:  # _dispatch.enqueue's one-trace branch, inlined
-                                completion = traces[0].record_op(
-                                    s, "kernel", nbytes, name, -1, hit[6], values, False, launched
-                                )
-                            else:
-                                completion = _dispatch.enqueue(
-                                    s, "kernel", nbytes, name, -1, hit[6], values, launch=launched
-                                )
+        elif kind is tuple or kind is list:  # else the checks below say what is wrong
+            n = len(args)  # one and two arguments spelled out: a third of the key's cost
+            if n == 1:
+                key = (id(grid), id(block), id(stream), id(args[0]))
+            elif n == 2:
+                key = (id(grid), id(block), id(stream), id(args[0]), id(args[1]))
+            else:
+                key = (id(grid), id(block), id(stream), *map(id, args))
+            hit = self._repeats.get(key)
+            if hit is not None and hit[0] == Buffer.frees:
+                s = hit[1]
+                if s.capturing is None and not s.closed:
+                    self._misses = 0
+                    self._hot = (grid, block, stream, key[3:], hit)
+                    values = hit[3]
+                    traces = listeners.RECORDING
+                    if traces:  # a trace records it (and says whether to time it)
+                        name = name or self.name
+                        launched = (*hit[7], *self.resources())
+                        if len(traces) == 1:  # _dispatch.enqueue's one-trace branch, inlined
+                            completion = traces[0].record_op(
+                                s, "kernel", nbytes, name, -1, hit[6], values, False, launched
+                            )
                         else:
-                            completion = self._launch_prepared(hit[2], s.raw)
-                            s.inflight.append((completion, values))  # Stream.track, inlined
-                            s.appended += 1
-                            if s.appended & 63 == 0:
-                                s.prune_now()
-                        sid = s.id
-                        for i in hit[4]:
-                            args[i].inflight[sid] = completion  # Buffer.touch, inlined
-                        return Event(completion, s, values)
-                self._misses += 1
-                if self._misses >= _MISSES:
-                    self._misses, self._skip = 0, _SKIP
+                            completion = _dispatch.enqueue(
+                                s, "kernel", nbytes, name, -1, hit[6], values, launch=launched
+                            )
+                    else:
+                        completion = self._launch_prepared(hit[2], s.raw)
+                        s.inflight.append((completion, values))  # Stream.track, inlined
+                        s.appended += 1
+                        if s.appended & 63 == 0:
+                            s.prune_now()
+                    sid = s.id
+                    for i in hit[4]:
+                        args[i].inflight[sid] = completion  # Buffer.touch, inlined
+                    return Event(completion, s, values)
+            self._misses += 1
+            if self._misses >= _MISSES:
+                self._misses, self._skip = 0, _SKIP
         grid_t = (grid,) if type(grid) is int and grid > 0 else launch_dims(grid, "grid")
         block_t = (block,) if type(block) is int and block > 0 else launch_dims(block, "block")
         if not isinstance(args, (tuple, list)):

@@ -103,6 +103,18 @@ def test_host_arrays_that_do_not_fit(device):
             buf.copy_from_host_async(strided, device.default_stream)
         with pytest.raises(gw.InvalidArgument, match="C-contiguous"):
             buf.copy_to_host(strided)
+        stream = device.default_stream  # the async copies' checks, with valid copies of the same arrays between
+        with pytest.raises(gw.InvalidArgument, match="read-only"):
+            buf.copy_to_host_async(read_only, stream)
+        buf.copy_from_host_async(read_only, stream).wait()  # reading from it is fine
+        pinned = device.empty_pinned(20, "float32")
+        buf.copy_to_host_async(pinned[:10], stream).wait()
+        with pytest.raises(gw.InvalidArgument, match="C-contiguous"):
+            buf.copy_to_host_async(pinned[::2], stream)
+        with pytest.raises(gw.InvalidArgument, match="host array is >f4"):
+            buf.copy_from_host_async(np.zeros(10, ">f4"), stream)
+        with pytest.raises(gw.InvalidArgument, match="host array has 20"):
+            buf.copy_to_host_async(pinned, stream)
 
 
 @pytest.mark.parametrize(

@@ -159,6 +159,82 @@ def test_a_repeated_launch_keeps_no_buffer_alive(cpu):
     assert memory() is None and not k._repeats  # no prepared launch holds a view of the freed memory
 
 
+def test_the_last_repeat_is_found_by_identity_and_sees_every_change(cpu):
+    k = cpu.compile(_write_scalar, "write_scalar")
+    a, b = cpu.alloc(1, "float32"), cpu.alloc(1, "float32")
+    s1, s2 = cpu.create_stream("one"), cpu.create_stream("two")
+    three, four = np.float32(3), np.float32(4)
+    try:
+        for _ in range(3):
+            k(1, 1, (a, three), stream=s1)
+        assert k._hot is not None  # the last repeat, kept for launches that repeat it
+        args = [a, three]
+        assert k(1, 1, args, stream=s1).stream is s1
+        args[1] = four  # the same list changed in place: its items are compared, not the list
+        k(1, 1, args, stream=s1).wait()
+        assert a.copy_to_host()[0] == 4
+        for stream in (s1, s2, s1, s2):  # another stream object: its own launch, on its own stream
+            assert k(1, 1, (a, three), stream=stream).stream is stream
+        for _ in range(3):
+            k(1, 1, (b, four))  # no stream given: the default stream, also when repeated
+        assert k(1, 1, (b, four)).stream is cpu.default_stream
+        cpu.synchronize()
+        assert b.copy_to_host()[0] == 4
+        b.free()  # every repeat is stale: the freed buffer is refused, a new one is written
+        with pytest.raises(gw.BufferClosed):
+            k(1, 1, (b, four))
+        c = cpu.alloc(1, "float32")
+        for _ in range(3):
+            k(1, 1, (c, three)).wait()
+        assert c.copy_to_host()[0] == 3
+        c.free()
+        with gw.trace() as t:  # a trace sees the repeats the last one stands for
+            for _ in range(4):
+                k(1, 1, (a, three), stream=s1)
+            s1.synchronize()
+        assert sum(1 for sp in t.spans if sp.kind == "kernel") == 4
+    finally:
+        a.free()
+        s1.close()
+        s2.close()
+
+
+def test_elementwise_repeats_skip_the_checks_until_a_buffer_is_freed(cpu, monkeypatch):
+    f = gw.elementwise("float32 x, float32 y", "y = x + 1", name="hot_elementwise")
+    x, y, z = cpu.alloc(4, "float32"), cpu.alloc(4, "float32"), cpu.alloc(4, "float32")
+    s = cpu.create_stream("other")
+    x.copy_from_host(np.arange(4, dtype=np.float32))
+    looked = []
+    plans = f._plans
+
+    class Counting(dict):
+        def get(self, key, default=None):
+            looked.append(key)
+            return dict.get(self, key, default)
+
+    monkeypatch.setattr(f, "_plans", Counting(plans))
+    try:
+        for _ in range(5):
+            f(x, y)
+        assert len(looked) == 1  # checked once; the repeats skip to the kernel
+        assert f(x, y, stream=s).stream is s and len(looked) == 2  # another stream: checked
+        f(x, z, stream=s).wait()  # another buffer: checked, and written
+        assert len(looked) == 3 and np.array_equal(z.copy_to_host(), np.arange(4) + 1)
+        f(x, z, block=128)  # another block: checked
+        assert len(looked) == 4
+        z.free()
+        with pytest.raises(gw.BufferClosed):
+            f(x, z)
+        with pytest.raises(gw.InvalidArgument, match="takes 2 arguments"):
+            f(x, y, y)
+        f(y, x).wait()
+        assert np.array_equal(x.copy_to_host(), np.arange(4) + 2)
+    finally:
+        x.free()
+        y.free()
+        s.close()
+
+
 # ------------------------------------------------------------------ elementwise: launch plans per signature
 def test_elementwise_plan_per_length_and_mask(device):
     f = gw.elementwise("float32 x, float32 a, float32 y", "y = a * x + 1", name="plans")

@@ -347,7 +347,13 @@ class CudaDevice(BackendDevice):
         if nbytes >= _STAGE_MIN and not self.is_pinned(src):
             self._stager.h2d(self._h2d_async, dst + offset, src, stream)
         elif nbytes:
-            self._rt.memcpyAsync(dst + offset, host_address(src), nbytes, _H2D, stream.ptr)
+            address = src._address if type(src) is PinnedArray else 0  # host_address, inlined for pinned memory
+            self._rt.memcpyAsync(dst + offset, address or host_address(src), nbytes, _H2D, stream.ptr)
+        if start is None and not self._capturing:  # _finish's lazy completion, inlined (a launch path)
+            marks = self._marks.get(stream.ptr)
+            if marks is not None:
+                number = marks.issued = next(marks.numbers)
+                return LazyCompletion(marks, number)
         return self._finish(stream, start)
 
     def copy_d2h(self, dst: np.ndarray, src: int, offset: int, stream: Any, timed: bool) -> CudaCompletion:
@@ -358,7 +364,13 @@ class CudaDevice(BackendDevice):
         if nbytes >= _STAGE_MIN and not self.is_pinned(dst):
             self._stager.d2h(self._d2h_async, dst, src + offset, stream)
         elif nbytes:
-            self._rt.memcpyAsync(host_address(dst), src + offset, nbytes, _D2H, stream.ptr)
+            address = dst._address if type(dst) is PinnedArray else 0  # host_address, inlined for pinned memory
+            self._rt.memcpyAsync(address or host_address(dst), src + offset, nbytes, _D2H, stream.ptr)
+        if start is None and not self._capturing:  # _finish's lazy completion, inlined (a launch path)
+            marks = self._marks.get(stream.ptr)
+            if marks is not None:
+                number = marks.issued = next(marks.numbers)
+                return LazyCompletion(marks, number)
         return self._finish(stream, start)
 
     def copy_d2d(
