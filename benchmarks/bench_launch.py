@@ -209,6 +209,7 @@ def bench_cuda(dev: gw.Device, rounds: int, count: int) -> dict[str, Any]:
     for group, variants in groups.items():
         times = interleaved(variants, rounds)
         result: dict[str, Any] = {f"{n}_us": summary(v) for n, v in times.items()}
+        result["rounds"] = {n: [round(x, 3) for x in v] for n, v in times.items()}
         result["gw_over_cupy"] = ratio(times["gw"], times["cupy"])
         result["target"] = TARGETS[group]
         result["met"] = result["gw_over_cupy"]["median"] <= TARGETS[group]

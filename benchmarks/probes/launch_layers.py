@@ -88,12 +88,18 @@ def main() -> None:
         "driver.launchKernel, prebuilt params": lambda: drv.launchKernel(
             func.ptr, 1, 1, 1, 32, 1, 1, 0, raw_stream.ptr, pp, 0
         ),
+        "driver.launchKernel, our function": lambda: drv.launchKernel(
+            bk.ptr, 1, 1, 1, 32, 1, 1, 0, raw_stream.ptr, pp, 0
+        ),
+        "driver.launchKernel, our stream": lambda: drv.launchKernel(func.ptr, 1, 1, 1, 32, 1, 1, 0, bs.ptr, pp, 0),
+        "prepared call, our function and stream": lambda: prepared.call(bs.ptr, prepared.params, 0),
         "gw backend.launch": lambda: backend.launch(bk, (1,), (32,), values, bs, False),
         "gw backend.launch_prepared": lambda: backend.launch_prepared(prepared, bs),
         "gw Kernel": lambda: k(1, 32, (b,), stream=s),
     }
     rs, gs = raw_stream.synchronize, s.synchronize
-    table("empty kernel launch", variants, {n: (rs if n[:3] in ("cup", "dri") else gs) for n in variants})
+    on_raw = ("cupy", "driver.launchKernel, prebuilt", "driver.launchKernel, our function")
+    table("empty kernel launch", variants, {n: (rs if n.startswith(on_raw) else gs) for n in variants})
     profile("gw Kernel", variants["gw Kernel"], gs)
 
     # a scalar that changes every launch: no launch repeats an earlier one's objects

@@ -130,7 +130,6 @@ class Kernel:
             if same and hit[0] == Buffer.frees:
                 s = hit[1]
                 if s.capturing is None and not s.closed and not listeners.RECORDING:
-                    self._misses = 0
                     completion = self._launch_prepared(hit[2], s.raw)
                     values = hit[3]
                     s.inflight.append((completion, values))  # Stream.track, inlined

@@ -540,6 +540,11 @@ class CudaDevice(BackendDevice):
                 raise
             self._rt.setDevice(self._id)  # a thread whose first CUDA call this is: make the context current
             varying.launch(ptr, values)
+        if not self._capturing:  # _finish's lazy completion, inlined (the launch path)
+            marks = self._marks.get(ptr)
+            if marks is not None:
+                number = marks.issued = next(marks.numbers)
+                return LazyCompletion(marks, number)
         return self._finish(stream, None)
 
     def kernel_arg(self, arg: BufferArg) -> np.uint64:
