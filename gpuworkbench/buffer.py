@@ -17,7 +17,7 @@ from ._memory import as_dtype
 from .backends.base import BufferArg, PinnedArray
 from .errors import BufferClosed, InvalidArgument
 from .op_names import PEER_ROUTES, peer_copy_name
-from .streams import Event, Stream
+from .streams import KEEP_LARGE, PRUNE_MASK, Event, Stream
 
 if TYPE_CHECKING:
     from .device import Device
@@ -205,7 +205,8 @@ class Buffer:
                 completion = backend.copy_d2h(host, handle, 0, stream.raw, False)
             stream.inflight.append((completion, host))  # Stream.track, inlined: ``host`` kept alive until done
             stream.appended += 1
-            if stream.appended & 63 == 0:
+            appended = stream.appended
+            if appended & 63 == 0 and (appended & PRUNE_MASK == 0 or host.nbytes >= KEEP_LARGE):
                 stream.prune_now()
         else:
             if kind == "h2d":

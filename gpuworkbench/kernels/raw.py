@@ -18,7 +18,7 @@ import numpy as np
 from .. import _dispatch, listeners
 from ..buffer import Buffer
 from ..errors import InvalidArgument
-from ..streams import Event, Stream
+from ..streams import PRUNE_MASK, Event, Stream
 
 _REPEATS = 16  # prepared launches kept per Kernel
 _MISSES, _SKIP = 16, 256  # after 16 launches in a row that were not repeats, 256 launches look for none
@@ -134,7 +134,7 @@ class Kernel:
                     values = hit[3]
                     s.inflight.append((completion, values))  # Stream.track, inlined
                     s.appended += 1
-                    if s.appended & 63 == 0:
+                    if s.appended & PRUNE_MASK == 0:
                         s.prune_now()
                     sid = s.id
                     for i in hit[4]:
@@ -183,7 +183,7 @@ class Kernel:
                                 completion = self._launch_varying(hit[2], s.raw, values)
                                 s.inflight.append((completion, values))  # Stream.track, inlined
                                 s.appended += 1
-                                if s.appended & 63 == 0:
+                                if s.appended & PRUNE_MASK == 0:
                                     s.prune_now()
                             sid = s.id
                             for i in hit[7]:
@@ -220,7 +220,7 @@ class Kernel:
                         completion = self._launch_prepared(hit[2], s.raw)
                         s.inflight.append((completion, values))  # Stream.track, inlined
                         s.appended += 1
-                        if s.appended & 63 == 0:
+                        if s.appended & PRUNE_MASK == 0:
                             s.prune_now()
                     sid = s.id
                     for i in hit[4]:

@@ -235,6 +235,30 @@ def test_elementwise_repeats_skip_the_checks_until_a_buffer_is_freed(cpu, monkey
         s.close()
 
 
+def test_the_queue_of_ops_is_pruned_rarely_but_large_host_arrays_often(cpu):
+    from gpuworkbench.streams import KEEP_LARGE, PRUNE_MASK
+
+    s = cpu.create_stream("prune")
+    small = cpu.alloc(16, "float32")
+    large = cpu.alloc(KEEP_LARGE // 4, "float32")
+    try:
+        s.synchronize()
+        start = s.appended
+        for _ in range(PRUNE_MASK + 1 - start % (PRUNE_MASK + 1) - 1):
+            last = small.copy_from_host_async(np.zeros(16, np.float32), s)
+        last.wait()  # every op done; waiting on one prunes nothing
+        assert len(s.inflight) >= 64  # small arrays: kept until the 1024th op, not pruned every 64
+        small.copy_from_host_async(np.zeros(16, np.float32), s).wait()
+        assert len(s.inflight) <= 1  # the 1024th op pruned every finished one
+        for _ in range(64 * 3):  # fresh large arrays: the queue is pruned every 64 ops
+            large.copy_from_host_async(np.zeros(KEEP_LARGE // 4, np.float32), s).wait()
+        assert len(s.inflight) <= 64
+    finally:
+        small.free()
+        large.free()
+        s.close()
+
+
 # ------------------------------------------------------------------ elementwise: launch plans per signature
 def test_elementwise_plan_per_length_and_mask(device):
     f = gw.elementwise("float32 x, float32 a, float32 y", "y = a * x + 1", name="plans")
