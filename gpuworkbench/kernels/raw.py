@@ -140,56 +140,11 @@ class Kernel:
                     for i in hit[4]:
                         args[i].inflight[sid] = completion  # Buffer.touch, inlined
                     return Event(completion, s, values)
-        if self._skip:  # launches lately were not repeats (a scalar that changes every time): look for their shape
+        if kind is not tuple and kind is not list:
+            pass  # the checks below say what is wrong
+        elif self._skip:  # launches lately were not repeats (a scalar that changes every time): no key for a while
             self._skip -= 1
-            if kind is tuple or kind is list:
-                hit = None
-                near = self._near  # the last shape found: compared part by part, as its key would be
-                if near is not None and grid is near[0] and block is near[1] and stream is near[2]:
-                    parts = near[3]
-                    if len(args) == len(parts):
-                        for a, part in zip(args, parts):
-                            if (id(a) if type(a) is Buffer else type(a)) != part:
-                                break
-                        else:
-                            shape, hit = near[4], near[5]
-                if hit is None:
-                    parts = tuple([id(a) if type(a) is Buffer else type(a) for a in args])
-                    shape = (id(grid), id(block), id(stream), *parts)
-                    hit = self._shapes.get(shape)
-                    if hit is not None:
-                        self._near = (grid, block, stream, parts, shape, hit)
-                if hit is not None and hit[0] == Buffer.frees:
-                    s = hit[1]
-                    if s.capturing is None and not s.closed:
-                        values = hit[3].copy()
-                        for i, t in hit[4]:
-                            v = args[i]
-                            if type(v) is not t:  # a Python number: as the first launch of this shape converted it
-                                v = _scalar(v, i)
-                                if type(v) is not t:
-                                    break  # an int past int32's range: the full path below
-                            values[i] = v
-                        else:
-                            if listeners.RECORDING:  # a trace records it (and says whether to time it)
-                                run = (self._raw, hit[5], hit[6], values, s.raw)
-                                name = name or self.name
-                                launched = (hit[5], hit[6], *self.resources())
-                                launch = self._backend_launch
-                                completion = _dispatch.enqueue_call(
-                                    s, "kernel", nbytes, name, -1, launch, run, values, launched
-                                )
-                            else:
-                                completion = self._launch_varying(hit[2], s.raw, values)
-                                s.inflight.append((completion, values))  # Stream.track, inlined
-                                s.appended += 1
-                                if s.appended & PRUNE_MASK == 0:
-                                    s.prune_now()
-                            sid = s.id
-                            for i in hit[7]:
-                                args[i].inflight[sid] = completion  # Buffer.touch, inlined
-                            return Event(completion, s, values)
-        elif kind is tuple or kind is list:  # else the checks below say what is wrong
+        else:
             n = len(args)  # one and two arguments spelled out: a third of the key's cost
             if n == 1:
                 key = (id(grid), id(block), id(stream), id(args[0]))
@@ -229,6 +184,53 @@ class Kernel:
             self._misses += 1
             if self._misses >= _MISSES:
                 self._misses, self._skip = 0, _SKIP
+        if kind is tuple or kind is list:  # not a repeat: look for a launch of its shape (kept while _skip, below)
+            hit = None
+            near = self._near  # the last shape found: compared part by part, as its key would be
+            if near is not None and grid is near[0] and block is near[1] and stream is near[2]:
+                parts = near[3]
+                if len(args) == len(parts):
+                    for a, part in zip(args, parts):
+                        if (id(a) if type(a) is Buffer else type(a)) != part:
+                            break
+                    else:
+                        shape, hit = near[4], near[5]
+            if hit is None:
+                parts = tuple([id(a) if type(a) is Buffer else type(a) for a in args])
+                shape = (id(grid), id(block), id(stream), *parts)
+                hit = self._shapes.get(shape)
+                if hit is not None:
+                    self._near = (grid, block, stream, parts, shape, hit)
+            if hit is not None and hit[0] == Buffer.frees:
+                s = hit[1]
+                if s.capturing is None and not s.closed:
+                    values = hit[3].copy()
+                    for i, t in hit[4]:
+                        v = args[i]
+                        if type(v) is not t:  # a Python number: as the first launch of this shape converted it
+                            v = _scalar(v, i)
+                            if type(v) is not t:
+                                break  # an int past int32's range: the full path below
+                        values[i] = v
+                    else:
+                        if listeners.RECORDING:  # a trace records it (and says whether to time it)
+                            run = (self._raw, hit[5], hit[6], values, s.raw)
+                            name = name or self.name
+                            launched = (hit[5], hit[6], *self.resources())
+                            launch = self._backend_launch
+                            completion = _dispatch.enqueue_call(
+                                s, "kernel", nbytes, name, -1, launch, run, values, launched
+                            )
+                        else:
+                            completion = self._launch_varying(hit[2], s.raw, values)
+                            s.inflight.append((completion, values))  # Stream.track, inlined
+                            s.appended += 1
+                            if s.appended & PRUNE_MASK == 0:
+                                s.prune_now()
+                        sid = s.id
+                        for i in hit[7]:
+                            args[i].inflight[sid] = completion  # Buffer.touch, inlined
+                        return Event(completion, s, values)
         grid_t = (grid,) if type(grid) is int and grid > 0 else launch_dims(grid, "grid")
         block_t = (block,) if type(block) is int and block > 0 else launch_dims(block, "block")
         if not isinstance(args, (tuple, list)):
@@ -274,7 +276,7 @@ class Kernel:
         sid = stream.id
         for b in buffers:
             b.inflight[sid] = completion  # Buffer.touch, inlined
-        if shape is not None and usable and stream.capturing is None:
+        if shape is not None and self._skip and usable and stream.capturing is None:
             self._shaped(shape, (grid, block), args, grid_t, block_t, values, stream, frees)
         if repeatable and usable:
             last = self._last
