@@ -79,7 +79,7 @@ class Kernel:
         self._shapes: dict[tuple, tuple] = {}  # see _shaped
         self._last: tuple | None = None  # the last launch's key and objects
         self._hot: tuple | None = None  # the last repeat found: (grid, block, stream, ids, entry); see __call__
-        self._near: tuple | None = None  # the last shape found: (grid, block, stream, parts, key, entry)
+        self._near: tuple | None = None  # the last shape found: (grid, block, stream, types, ids, key, entry)
         self._misses = 0  # launches in a row that were not repeats
         self._skip = 0  # launches still to make without a key, after _MISSES misses
         #: Shared bytes per block its source declares (``@gw.kernel``'s shared arrays), -1 where not known: what a
@@ -186,21 +186,21 @@ class Kernel:
                 self._misses, self._skip = 0, _SKIP
         if kind is tuple or kind is list:  # not a repeat: look for a launch of its shape (kept while _skip, below)
             hit = None
-            near = self._near  # the last shape found: compared part by part, as its key would be
+            near = self._near  # the last shape found: its arguments' types, then its Buffers' ids, as its key holds
             if near is not None and grid is near[0] and block is near[1] and stream is near[2]:
-                parts = near[3]
-                if len(args) == len(parts):
-                    for a, part in zip(args, parts):
-                        if (id(a) if type(a) is Buffer else type(a)) != part:
+                if tuple(map(type, args)) == near[3]:
+                    for i, want in near[4]:
+                        if id(args[i]) != want:
                             break
                     else:
-                        shape, hit = near[4], near[5]
+                        shape, hit = near[5], near[6]
             if hit is None:
-                parts = tuple([id(a) if type(a) is Buffer else type(a) for a in args])
-                shape = (id(grid), id(block), id(stream), *parts)
+                shape = (id(grid), id(block), id(stream), *[id(a) if type(a) is Buffer else type(a) for a in args])
                 hit = self._shapes.get(shape)
                 if hit is not None:
-                    self._near = (grid, block, stream, parts, shape, hit)
+                    types = tuple(map(type, args))
+                    ids = tuple((i, id(args[i])) for i in hit[7])
+                    self._near = (grid, block, stream, types, ids, shape, hit)
             if hit is not None and hit[0] == Buffer.frees:
                 s = hit[1]
                 if s.capturing is None and not s.closed:
