@@ -1,9 +1,10 @@
 """``Kernel``: a compiled kernel on one device, and its launch path (checks, enqueue, prepared repeats).
 
 The launch path is tuned (docs/architecture.md, "The launch path"): every check stays, in as few Python steps as the
-common case allows, and a launch made twice in a row with the same objects is prepared once and then repeated. Where
-launches are not repeats (a loop index passed each time), those with the same grid, block, stream and buffers and
-scalars of the same types are checked once and then only have their scalars packed (``_shaped``).
+common case allows, and a launch made twice in a row with the same objects is prepared once and then repeated (the
+last repeat recognised by identity, ``_hot``). Where launches are not repeats (a loop index passed each time), those
+with the same grid, block, stream and buffers and scalars of the same types are checked once and then only have their
+scalars packed (``_shaped``; the last shape recognised by identity, ``_near``).
 """
 
 from __future__ import annotations
