@@ -197,7 +197,7 @@ class PinnedArray(np.ndarray):
     """A NumPy array over page-locked host memory; ``pinned_owner`` keeps the backend's allocation alive."""
 
     pinned_owner: Any = None
-    _address = 0  # its data pointer once asked (``host_address``); a view starts again at 0
+    address = 0  # its data pointer once asked (``host_address``); a view starts again at 0
 
     def __array_finalize__(self, obj: Any) -> None:
         self.pinned_owner = getattr(obj, "pinned_owner", None)
@@ -207,9 +207,9 @@ def host_address(array: np.ndarray) -> int:
     """The address of ``array``'s first byte. A PinnedArray remembers it (an array's data never moves; a view is a
     new object): ``ndarray.ctypes.data`` costs about 1 µs, as much as the rest of a small async copy's launch."""
     if type(array) is PinnedArray:
-        address = array._address
+        address = array.address
         if not address:
-            address = array._address = array.ctypes.data
+            address = array.address = array.ctypes.data
         return address
     return array.ctypes.data
 

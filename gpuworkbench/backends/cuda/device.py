@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import time
 from collections.abc import Sequence
 from struct import pack_into
 from typing import Any
@@ -42,7 +41,7 @@ from ..base import (
     wrap_pinned,
 )
 from .arena import Arena
-from .events import CudaCompletion, Epoch, EventPool, load_cupy
+from .events import CudaCompletion, Epoch, EventPool, load_cupy, measure_epoch
 from .launch import CONTEXT_ERROR, PackedLaunch, PreparedLaunch, packed, prepare
 from .peers import enable_peer
 from .staging import Stager
@@ -348,7 +347,7 @@ class CudaDevice(BackendDevice):
         if nbytes >= _STAGE_MIN and not self.is_pinned(src):
             self._stager.h2d(self._h2d_async, dst + offset, src, stream)
         elif nbytes:
-            address = src._address if type(src) is PinnedArray else 0  # host_address, inlined for pinned memory
+            address = src.address if type(src) is PinnedArray else 0  # host_address, inlined for pinned memory
             self._rt.memcpyAsync(dst + offset, address or host_address(src), nbytes, _H2D, stream.ptr)
         if start is None and not self._capturing:  # _finish's lazy completion, inlined (a launch path)
             marks = self._marks.get(stream.ptr)
@@ -365,7 +364,7 @@ class CudaDevice(BackendDevice):
         if nbytes >= _STAGE_MIN and not self.is_pinned(dst):
             self._stager.d2h(self._d2h_async, dst, src + offset, stream)
         elif nbytes:
-            address = dst._address if type(dst) is PinnedArray else 0  # host_address, inlined for pinned memory
+            address = dst.address if type(dst) is PinnedArray else 0  # host_address, inlined for pinned memory
             self._rt.memcpyAsync(address or host_address(dst), src + offset, nbytes, _D2H, stream.ptr)
         if start is None and not self._capturing:  # _finish's lazy completion, inlined (a launch path)
             marks = self._marks.get(stream.ptr)
@@ -590,18 +589,7 @@ class CudaDevice(BackendDevice):
     def clock_sample(self) -> ClockSample:
         """Record a new epoch event on an idle private stream; its completion time is bracketed on the host."""
         self._use()
-        best: Epoch | None = None
-        for _ in range(3):
-            event = load_cupy().cuda.Event()
-            t0 = time.perf_counter_ns()
-            event.record(self._clock_stream)
-            event.synchronize()
-            t1 = time.perf_counter_ns()
-            epoch = Epoch(event, (t0 + t1) // 2, (t1 - t0) // 2)
-            if best is None or epoch.error_ns < best.error_ns:
-                best = epoch
-        assert best is not None
-        self._epoch = best
+        best = self._epoch = measure_epoch(self._clock_stream)
         return ClockSample(best.host_ns, best.host_ns, best.error_ns)
 
     def close(self) -> None:
