@@ -52,7 +52,7 @@ def main() -> None:
 
     variants: dict[str, Callable[[], object]] = {
         "Kernel, no prune": no_prune,
-        "Kernel, the streams' prune (every 1 024)": lambda: k(1, 32, (b,), stream=s),
+        "Kernel, the streams' own prune": lambda: k(1, 32, (b,), stream=s),
         "Kernel, a prune every 64 ops": every_64,
         "backend.launch_prepared": lambda: backend.launch_prepared(prepared, raw),
         "backend.launch_prepared + tracking, prune every 64": tracked_64,
