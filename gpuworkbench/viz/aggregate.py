@@ -14,6 +14,9 @@ from typing import Any
 
 import numpy as np
 
+#: Rows x bins x styles up to which the cells' pairs are counted densely (two arrays of this length, 8 bytes a value).
+DENSE_PAIRS = 1 << 21
+
 
 def aggregate(
     row: Any,
@@ -52,7 +55,13 @@ def aggregate(
         }
 
     # The union of each row's spans, from start order: a span adds only what lies past the row's furthest end so far.
-    order = np.lexsort((start, row))
+    # A trace's spans come in start order: then a stable sort by row keeps it (a radix sort where rows fit 16 bits).
+    low, high = int(row.min()), int(row.max())
+    if start.size > 1 and bool((start[1:] >= start[:-1]).all()):
+        small = low >= 0 and high < 1 << 15
+        order = np.argsort(row.astype(np.int16) if small else row, kind="stable")
+    else:
+        order = np.lexsort((start, row))
     row, style, start, end = row[order], style[order], start[order], end[order]
     origin = float(start.min())
     stride = 2.0 * (float(end.max()) - origin + 1.0)  # rows laid end to end, so one running maximum serves them all
@@ -87,11 +96,19 @@ def aggregate(
     index = np.concatenate([(cell * n_styles + s) for cell, s, _ in pieces])
     weight = np.concatenate([w for _, _, w in pieces])
 
-    # Only the (cell, style) pairs that occur: a thousand spans touch a few thousand of rows x bins x styles.
-    pairs, at = np.unique(np.concatenate([counted, index]), return_inverse=True)
-    at = at.ravel()
-    count_by_pair = np.bincount(at[: counted.size], minlength=pairs.size)
-    busy_by_pair = np.bincount(at[counted.size :], weights=weight, minlength=pairs.size)
+    # Only the (cell, style) pairs that occur: a thousand spans touch a few thousand of rows x bins x styles. Where
+    # those are few enough to count densely, by bincount over all of them; else by sorting the pairs that occur.
+    space = max(n_rows, high + 1) * bins * n_styles
+    if low >= 0 and space <= DENSE_PAIRS:
+        count_dense = np.bincount(counted, minlength=space)
+        busy_dense = np.bincount(index, weights=weight, minlength=space)
+        pairs = np.flatnonzero((count_dense > 0) | (busy_dense != 0))
+        count_by_pair, busy_by_pair = count_dense[pairs], busy_dense[pairs]
+    else:
+        pairs, at = np.unique(np.concatenate([counted, index]), return_inverse=True)
+        at = at.ravel()
+        count_by_pair = np.bincount(at[: counted.size], minlength=pairs.size)
+        busy_by_pair = np.bincount(at[counted.size :], weights=weight, minlength=pairs.size)
     cell_of = pairs // n_styles
     cells_at = _firsts(cell_of)  # pairs are sorted: each cell's first pair
     count = np.add.reduceat(count_by_pair, cells_at) if pairs.size else count_by_pair

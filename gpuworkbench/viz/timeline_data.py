@@ -219,9 +219,9 @@ def host_waits(table: Mapping[str, np.ndarray]) -> np.ndarray:
     api = np.flatnonzero(kind == KIND_CODE["api"])
     waits = np.zeros(kind.size, dtype=bool)
     if api.size:
-        names = np.asarray(table["name"], dtype=object)[api]
-        verdict = {name: bool(HOST_WAIT_PATTERN.search(str(name))) for name in set(names.tolist())}
-        waits[api] = np.fromiter((verdict[name] for name in names.tolist()), dtype=bool, count=api.size)
+        codes, names = factorize(np.asarray(table["name"], dtype=object)[api])
+        verdict = np.fromiter((bool(HOST_WAIT_PATTERN.search(str(n))) for n in names), dtype=bool, count=names.size)
+        waits[api] = verdict[codes]
     return waits
 
 
@@ -403,14 +403,16 @@ def range_depths(table: Mapping[str, np.ndarray]) -> np.ndarray:
     order = np.lexsort((-end, start, stream, device))
     rows = (device[order] << 32) ^ (stream[order] & 0xFFFFFFFF)
     open_ends: list[int] = []  # ends of the ranges enclosing the current one, innermost last
+    depths: list[int] = []  # in sorted order, written into ``depth`` at once
     last_row = None
-    for i, stop, row in zip(ranges[order].tolist(), end[order].tolist(), rows.tolist()):
+    for stop, row in zip(end[order].tolist(), rows.tolist()):
         if row != last_row:
             open_ends, last_row = [], row
         while open_ends and open_ends[-1] < stop:  # ended before this one does: it does not enclose it
             open_ends.pop()
-        depth[i] = len(open_ends)
+        depths.append(len(open_ends))
         open_ends.append(stop)
+    depth[ranges[order]] = depths
     return depth
 
 

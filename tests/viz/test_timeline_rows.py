@@ -252,6 +252,25 @@ def test_nested_spans_count_once_in_busy_and_the_longest_style_wins():
     assert cells["style"].tolist() == [9, 4, 4, 4, 4]
 
 
+@pytest.mark.parametrize("sort", [False, True])
+def test_dense_and_sparse_counting_and_both_orders_give_the_same_cells(sort, monkeypatch):
+    import gpuworkbench.viz.aggregate as module
+
+    row, style, start, end = random_spans(20_000)
+    if sort:  # a trace's spans come in start order: the row sort keeps it
+        order = np.argsort(start, kind="stable")
+        row, style, start, end = row[order], style[order], start[order], end[order]
+    args = (row, style, start, end, 100, 900, 300, 5, len(ALL_STYLES))
+    dense = aggregate(*args)
+    monkeypatch.setattr(module, "DENSE_PAIRS", 0)  # every pair found by sorting
+    sparse = aggregate(*args)
+    shuffled = np.random.default_rng(7).permutation(row.size)  # out of start order: sorted by row and start
+    unordered = aggregate(row[shuffled], style[shuffled], start[shuffled], end[shuffled], *args[4:])
+    for key in dense:
+        assert np.array_equal(dense[key], sparse[key]), key
+        assert np.allclose(dense[key], unordered[key], rtol=1e-12, atol=1e-12), key
+
+
 def test_merged_cells_keep_every_count():
     row, style, start, end = random_spans(10_000)
     cells = aggregate(row, style, start, end, 0, 1001, 400, 5, len(ALL_STYLES))
