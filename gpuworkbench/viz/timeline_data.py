@@ -402,10 +402,19 @@ def range_depths(table: Mapping[str, np.ndarray]) -> np.ndarray:
     end = np.asarray(table["end_ns"], np.int64)[ranges]
     order = np.lexsort((-end, start, stream, device))
     rows = (device[order] << 32) ^ (stream[order] & 0xFFFFFFFF)
+    ends = end[order]
+    # A row whose ends rise strictly in this order nests nothing (each range ends after every one before it): only
+    # the rows where an end does not rise are walked.
+    flat = np.ones(ends.size, dtype=bool)
+    flat[1:] = (rows[1:] != rows[:-1]) | (ends[1:] > ends[:-1])
+    if flat.all():
+        return depth
+    walk = np.isin(rows, rows[~flat])
+    order, rows, ends = order[walk], rows[walk], ends[walk]
     open_ends: list[int] = []  # ends of the ranges enclosing the current one, innermost last
     depths: list[int] = []  # in sorted order, written into ``depth`` at once
     last_row = None
-    for stop, row in zip(end[order].tolist(), rows.tolist()):
+    for stop, row in zip(ends.tolist(), rows.tolist()):
         if row != last_row:
             open_ends, last_row = [], row
         while open_ends and open_ends[-1] < stop:  # ended before this one does: it does not enclose it

@@ -195,6 +195,26 @@ def test_nested_ranges_are_drawn_as_bars_inside_bars_outermost_first():
     assert order.index("step") < order.index("aten::linear") < order.index("aten::addmm") < order.index("k")
 
 
+def test_range_depths_of_rows_in_sequence_nested_and_overlapping():
+    from gpuworkbench.viz.timeline_data import RANGE_KIND, range_depths
+
+    # (stream, start, end, depth): a row of ranges one after another (a range of no length at the end of the one
+    # before lies inside it), a nested row, a row of ranges that only overlap, and a kernel (never a depth)
+    rows = [(1, 0, 10, 0), (1, 10, 20, 0), (1, 20, 20, 1), (1, 30, 40, 0), (2, 0, 100, 0), (2, 10, 20, 1),
+            (2, 12, 15, 2), (3, 0, 10, 0), (3, 5, 15, 0), (4, 0, 10, 0)]  # fmt: skip
+    table = {
+        "kind": np.array([RANGE_KIND] * 9 + [KIND_CODE["kernel"]]),
+        "device": np.full(10, -1),
+        "stream": np.array([r[0] for r in rows]),
+        "start_ns": np.array([r[1] for r in rows]),
+        "end_ns": np.array([r[2] for r in rows]),
+    }
+    assert range_depths(table).tolist() == [r[3] for r in rows]
+    sequence = {k: v[:4] for k, v in table.items()}
+    sequence["end_ns"] = np.array([10, 20, 25, 40])  # every end rises: no row walked, every depth 0
+    assert range_depths(sequence).tolist() == [0, 0, 0, 0]
+
+
 def test_kinds_and_overlap_states_have_separate_legends():
     _, fig = build()
     legends = {legend.title: legend for legend in fig.select({"type": Legend})}
