@@ -114,13 +114,13 @@ class Kernel:
         ``bytes`` (``gw.library`` sets it, so that the analysis can tell the problem size)."""
         # This is the launch path: every check stays, in as few Python steps as the common case allows; a repeat
         # of an earlier launch (the same grid, block, stream and argument objects) skips them (see _repeat).
-        key = shape = None
+        key = shape = hit = None
         kind = type(args)
         # the last repeat found, kept with its grid, block and stream objects and its arguments' ids: while launches
         # repeat it, no key is built or looked up (objects compared by identity, arguments by id as in the key)
         hot = self._hot if kind is tuple or kind is list else None
         if hot is not None and grid is hot[0] and block is hot[1] and stream is hot[2]:
-            ids, hit = hot[3], hot[4]
+            ids = hot[3]
             n = len(args)
             if n == 1:
                 same = id(args[0]) == ids[0]
@@ -128,21 +128,10 @@ class Kernel:
                 same = id(args[0]) == ids[0] and id(args[1]) == ids[1]
             else:
                 same = tuple(map(id, args)) == ids
-            if same and hit[0] == Buffer.frees:
-                s = hit[1]
-                if s.capturing is None and not s.closed and not listeners.RECORDING:
-                    completion = self._launch_prepared(hit[2], s.raw)
-                    values = hit[3]
-                    s.inflight.append((completion, values))  # Stream.track, inlined
-                    s.appended += 1
-                    if s.appended & PRUNE_MASK == 0:
-                        s.prune_now()
-                    sid = s.id
-                    for i in hit[4]:
-                        args[i].inflight[sid] = completion  # Buffer.touch, inlined
-                    return Event(completion, s, values)
-        if kind is not tuple and kind is not list:
-            pass  # the checks below say what is wrong
+            if same:
+                hit = hot[4]
+        if hit is not None or (kind is not tuple and kind is not list):
+            pass  # the last repeat again; or no sequence of arguments, which the checks below refuse
         elif self._skip:  # launches lately were not repeats (a scalar that changes every time): no key for a while
             self._skip -= 1
         else:
@@ -154,37 +143,35 @@ class Kernel:
             else:
                 key = (id(grid), id(block), id(stream), *map(id, args))
             hit = self._repeats.get(key)
-            if hit is not None and hit[0] == Buffer.frees:
-                s = hit[1]
-                if s.capturing is None and not s.closed:
-                    self._misses = 0
-                    self._hot = (grid, block, stream, key[3:], hit)
-                    values = hit[3]
-                    traces = listeners.RECORDING
-                    if traces:  # a trace records it (and says whether to time it)
-                        name = name or self.name
-                        launched = (*hit[7], *self.resources())
-                        if len(traces) == 1:  # _dispatch.enqueue's one-trace branch, inlined
-                            completion = traces[0].record_op(
-                                s, "kernel", nbytes, name, -1, hit[6], values, False, launched
-                            )
-                        else:
-                            completion = _dispatch.enqueue(
-                                s, "kernel", nbytes, name, -1, hit[6], values, launch=launched
-                            )
+            if hit is not None:
+                self._misses = 0
+                self._hot = (grid, block, stream, key[3:], hit)
+            else:
+                self._misses += 1
+                if self._misses >= _MISSES:
+                    self._misses, self._skip = 0, _SKIP
+        if hit is not None and hit[0] == Buffer.frees:
+            s = hit[1]
+            if s.capturing is None and not s.closed:
+                values = hit[3]
+                traces = listeners.RECORDING
+                if traces:  # a trace records it (and says whether to time it)
+                    name = name or self.name
+                    launched = (*hit[7], *self.resources())
+                    if len(traces) == 1:  # _dispatch.enqueue's one-trace branch, inlined
+                        completion = traces[0].record_op(s, "kernel", nbytes, name, -1, hit[6], values, False, launched)
                     else:
-                        completion = self._launch_prepared(hit[2], s.raw)
-                        s.inflight.append((completion, values))  # Stream.track, inlined
-                        s.appended += 1
-                        if s.appended & PRUNE_MASK == 0:
-                            s.prune_now()
-                    sid = s.id
-                    for i in hit[4]:
-                        args[i].inflight[sid] = completion  # Buffer.touch, inlined
-                    return Event(completion, s, values)
-            self._misses += 1
-            if self._misses >= _MISSES:
-                self._misses, self._skip = 0, _SKIP
+                        completion = _dispatch.enqueue(s, "kernel", nbytes, name, -1, hit[6], values, launch=launched)
+                else:
+                    completion = self._launch_prepared(hit[2], s.raw)
+                    s.inflight.append((completion, values))  # Stream.track, inlined
+                    s.appended += 1
+                    if s.appended & PRUNE_MASK == 0:
+                        s.prune_now()
+                sid = s.id
+                for i in hit[4]:
+                    args[i].inflight[sid] = completion  # Buffer.touch, inlined
+                return Event(completion, s, values)
         if kind is tuple or kind is list:  # not a repeat: look for a launch of its shape (kept while _skip, below)
             hit = None
             near = self._near  # the last shape found: its arguments' types, then its Buffers' ids, as its key holds
