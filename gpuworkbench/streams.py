@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 #: A stream's queue of ops in flight is pruned when its op count is a multiple of PRUNE_MASK + 1. A prune asks the
 #: newest op's completion, and on CUDA that records and queries an event, which slows the launches around it: pruned
-#: every 64 ops, a loop of empty-kernel launches ran 6.60 µs a launch against 5.51 µs unpruned (H200,
-#: benchmarks/probes/launch_layers.py). The queue holds each op's completion and what it keeps alive (a kernel's
+#: every 64 ops, the backend's prepared launch ran 0.5–1.7 µs a launch slower with the stream's tracking than without
+#: (H200, benchmarks/probes/stream_prune.py). The queue holds each op's completion and what it keeps alive (a kernel's
 #: converted arguments): 1 024 of them are a few hundred kilobytes.
 PRUNE_MASK = 1023
 #: Async copies keep their host array alive until done: a queue holding arrays of KEEP_LARGE bytes or more is pruned
