@@ -310,12 +310,13 @@ class Buffer:
         if self._freed or self.device.closed:
             return
         with self._lock:
-            pending, self.inflight = list(self.inflight.values()), {}
-        for c in pending:
+            pending, self.inflight = self.inflight, {}
+        for c in pending.values():
             c.wait()
         start = time.perf_counter_ns()
         self.device.backend_device.free(self.handle)
         self._freed, self.handle, self.karg = True, None, None
+        self.device.prune_streams(pending)  # their queues keep done ops' arguments, which may view this memory
         Buffer.frees += 1  # after _freed: Kernel's prepared launches are checked against it
         for hook in Buffer.on_free:
             hook()

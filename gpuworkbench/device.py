@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -176,6 +176,14 @@ class Device:
     def stream_labels(self) -> dict[int, str]:
         """Stream id → label, of every open stream."""
         return {s.id: s.label for s in self._streams}
+
+    def prune_streams(self, ids: Iterable[Any]) -> None:
+        """Let the streams of these ids drop their finished ops (and the arguments those keep: on the CPU a kernel's
+        view of a buffer's memory), as a freed buffer's streams do."""
+        wanted = set(ids)
+        for s in list(self._streams):
+            if s.id in wanted and s.inflight:
+                s.prune_if_free()
 
     def forget_stream(self, stream: Stream) -> None:
         """Drop a closed stream from the device's list."""

@@ -108,6 +108,15 @@ class Stream:
         with self._lock:
             self._prune()
 
+    def prune_if_free(self) -> None:
+        """Prune unless someone holds the queue's lock now (a buffer freed by its finaliser, while this thread prunes,
+        must not wait for itself)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._prune()
+            finally:
+                self._lock.release()
+
     def forget(self, completion: Any) -> None:
         with self._lock:
             for item in [item for item in self.inflight if item[0] is completion]:

@@ -159,6 +159,31 @@ def test_a_repeated_launch_keeps_no_buffer_alive(cpu):
     assert memory() is None and not k._repeats  # no prepared launch holds a view of the freed memory
 
 
+def test_a_freed_buffer_leaves_no_memory_in_its_streams_queues(cpu):
+    k = cpu.compile(_write_scalar, "write_scalar")
+    s = cpu.create_stream("queue")
+    one = np.float32(1)
+    try:
+        x = cpu.alloc(1 << 16, "float32")
+        for _ in range(5):  # the queue keeps each launch's arguments (here a view of x's memory) until pruned
+            k(1, 1, (x, one), stream=s)
+        memory = weakref.ref(x.handle)
+        x.free()  # no synchronize: free waits for x's ops, and its streams let go of their arguments
+        del x
+        gc.collect()
+        assert memory() is None
+        y = cpu.alloc(16, "float32")
+        k(1, 1, (y, one), stream=s).wait()
+        freed = threading.Event()
+        with s._lock:  # a finaliser freeing y while this thread prunes s: the free must not wait for the lock
+            worker = threading.Thread(target=lambda: (y.free(), freed.set()))
+            worker.start()
+            worker.join(10)
+        assert freed.is_set() and y.closed
+    finally:
+        s.close()
+
+
 def test_the_last_repeat_is_found_by_identity_and_sees_every_change(cpu):
     k = cpu.compile(_write_scalar, "write_scalar")
     a, b = cpu.alloc(1, "float32"), cpu.alloc(1, "float32")
