@@ -1,4 +1,4 @@
-"""A CUDA (or HIP) device through CuPy: cudaMalloc'd buffers, non-blocking streams, pooled events, NVRTC kernels.
+"""A CUDA (or HIP) device through CuPy: buffers from CuPy's pool (``pool.py``), streams, pooled events, NVRTC kernels.
 
 Timed ops are bracketed by two pooled CUDA events and measured against a per-device epoch event; this is the
 fallback timing source (CUPTI, used by the trace when present, is exact). Copies from pageable host memory are staged
@@ -6,11 +6,12 @@ through pinned chunks filled by several threads (``staging.py``), much faster th
 The ROCm backend (``backends/rocm.py``) runs this code with CuPy's HIP build.
 
 While a persistent kernel runs (``persistent/``) nothing here may wait for the whole device, which would then wait
-forever: cudaFree and cudaFreeHost are deferred until the last one stops, and compiling is refused, as loading a new
-module may synchronize the context (lazy loading). All three were seen waiting for a looping kernel on an H200
-(benchmarks/probes/persistent_probe.py). Memory allocated meanwhile comes from the arena allocated just before the
-first one launched (``arena.py``: the kernel may read it, as CUDA promises), and once that is full from
-cudaMallocAsync on a private stream, freed stream-ordered (a running kernel may not read that).
+forever: cudaFree (of the arena) and cudaFreeHost are deferred until the last one stops, and compiling is refused, as
+loading a new module may synchronize the context (lazy loading). All three were seen waiting for a looping kernel on
+an H200 (benchmarks/probes/persistent_probe.py); a buffer's free gives its block to the pool, with no CUDA call.
+Memory allocated meanwhile comes from the arena allocated just before the first one launched (``arena.py``: the
+kernel may read it, as CUDA promises), and once that is full from cudaMallocAsync on a private stream, freed
+stream-ordered (a running kernel may not read that).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from .arena import Arena
 from .events import CudaCompletion, Epoch, EventPool, load_cupy, measure_epoch
 from .launch import CONTEXT_ERROR, PackedLaunch, PreparedLaunch, packed, prepare
 from .peers import enable_peer
+from .pool import BufferPool
 from .staging import Stager
 
 CAPS = Caps(
@@ -93,6 +95,7 @@ class CudaDevice(BackendDevice):
         self._epoch: Epoch | None = None
         self._stager = Stager(lambda n: load_cupy().cuda.alloc_pinned_memory(n), self._plain_events.take)
         self._capturing: set[int] = set()  # pointers of streams in stream capture: no timing events recorded there
+        self._buffers = BufferPool(cupy)
         self._persistent_lock = threading.Lock()
         self._persistent = 0  # persistent kernels running now: nothing may wait for the whole device meanwhile
         self._deferred: list[tuple[str, int]] = []  # ("device" | "host", pointer) freed once none runs
@@ -118,7 +121,7 @@ class CudaDevice(BackendDevice):
     def memory_info(self) -> tuple[int, int]:
         self._use()
         free, total = self._rt.memGetInfo()
-        return int(free), int(total)
+        return int(free) + self._buffers.cached_bytes, int(total)  # the pool's unused blocks are free to our allocs
 
     def alloc(self, nbytes: int) -> int:
         if nbytes == 0:
@@ -131,15 +134,17 @@ class CudaDevice(BackendDevice):
                 if piece is not None:
                     return piece
                 return self._alloc_beside_persistent(nbytes)
-            return int(self._rt.malloc(nbytes))
+            pointer = self._buffers.alloc(nbytes)
+            if pointer is not None:
+                return pointer
         except self._rt.CUDARuntimeError as exc:
-            free, total = self.memory_info()
-            if "MemoryAllocation" in str(exc) or "out of memory" in str(exc).lower():
-                raise OutOfMemory(nbytes, free, total, f"{self.info.backend}:{self._id}") from None
-            raise
+            if "MemoryAllocation" not in str(exc) and "out of memory" not in str(exc).lower():
+                raise
+        free, total = self.memory_info()
+        raise OutOfMemory(nbytes, free, total, f"{self.info.backend}:{self._id}")
 
     def free(self, handle: int) -> None:
-        if not handle:
+        if not handle or self._buffers.give_back(handle):  # back to the pool: no CUDA call, no wait
             return
         self._use()
         with self._persistent_lock:
@@ -150,14 +155,9 @@ class CudaDevice(BackendDevice):
                     self._arena = None
                     self._rt.free(arena.base)
                 return
-            if handle in self._async_ptrs:
-                del self._async_ptrs[handle]
-                self._rt.freeAsync(handle, self._side().ptr)  # stream-ordered: waits for no other stream
-                return
-            if self._persistent:
-                self._deferred.append(("device", handle))  # cudaFree may wait for every kernel, the endless one too
-                return
-        self._rt.free(handle)
+            if self._async_ptrs.pop(handle, None) is None:
+                raise InvalidArgument(f"{handle:#x} is no buffer of {self.info.backend}:{self._id}")
+        self._rt.freeAsync(handle, self._side().ptr)  # made beside a persistent kernel: stream-ordered, no wait
 
     def _side(self) -> Any:
         if self._side_stream is None:
@@ -594,5 +594,6 @@ class CudaDevice(BackendDevice):
 
     def close(self) -> None:
         self._stager.close()
+        self._buffers.release()
         if self._side_stream is not None:
             self._side_stream.synchronize()

@@ -1,10 +1,12 @@
-"""What a freed buffer's prune of its streams costs on CUDA. GPU machine only.
+"""What ``Buffer.free`` costs on CUDA. GPU machine only.
 
-``python benchmarks/probes/free_prune.py``: ``Buffer.free`` prunes the streams the buffer was used on, so that done ops
-do not keep a view of its memory. ABBA rounds of a loop that allocates 4 KiB, launches an empty kernel on it and
-frees it: as it stands, with ``Device.prune_streams`` replaced by a no-op, and the same loop written in raw CuPy
-(whose free returns the block to its stream-ordered pool without waiting). Also a free after 16 launches on two
-streams, where the newest op of one stream is not the one the free waited for.
+``python benchmarks/probes/buffer_free.py``:
+- how long a free of a 4 KiB buffer takes while a 2 ms kernel runs on another stream: ours, a bare
+  cudaMalloc/cudaFree pair and CuPy's pool (cudaFree waits for the whole device);
+- ABBA rounds of a loop that allocates 4 KiB, launches an empty kernel on it and frees it: as it stands, with
+  ``Device.prune_streams`` (a free prunes the streams the buffer was used on, so that done ops keep no view of its
+  memory) replaced by a no-op, and the same loop in raw CuPy (whose free does not wait for the kernel); also a free
+  after 18 launches on two streams, where the newest op of one stream is not the one the free waited for.
 """
 
 from __future__ import annotations
@@ -19,11 +21,50 @@ import gpuworkbench as gw
 from gpuworkbench.device import Device
 
 EMPTY = 'extern "C" __global__ void empty(float* x) {}'
+SPIN = r"""
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+}
+"""
 COUNT, ROUNDS = 2000, 12
+
+
+def free_beside_a_kernel(dev: gw.Device) -> None:
+    """A free while a 2 ms kernel runs on another stream, in ms (the median of 5)."""
+    spin, rt, pool = cp.RawKernel(SPIN, "spin"), cp.cuda.runtime, cp.cuda.MemoryPool()
+
+    def ours() -> None:
+        dev.alloc(1024, "float32").free()
+
+    def cupy_pool() -> None:
+        block = pool.malloc(4096)
+        del block  # back to the pool
+
+    frees: dict[str, Callable[[], None]] = {
+        "ours": ours,
+        "cudaMalloc + cudaFree": lambda: rt.free(rt.malloc(4096)),
+        "CuPy's pool": cupy_pool,
+    }
+    print("== a 4 KiB alloc and free while a 2 ms kernel runs on another stream, ms (median of 5)")
+    busy = cp.cuda.Stream(non_blocking=True)
+    for name, fn in frees.items():
+        fn()
+        took = []
+        for _ in range(5):
+            with busy:
+                spin((1,), (1,), (cp.uint64(2_000_000),))
+            t0 = time.perf_counter()
+            fn()
+            took.append((time.perf_counter() - t0) * 1e3)
+            busy.synchronize()
+        print(f"  {name:<44} {statistics.median(took):7.3f}")
 
 
 def main() -> None:
     dev = gw.Device("cuda:0")
+    free_beside_a_kernel(dev)
     s, other = dev.create_stream("free"), dev.create_stream("other")
     k = dev.compile(EMPTY, "empty")
     keep = dev.alloc(1, "float32")

@@ -1,0 +1,77 @@
+"""CUDA buffers from the caching pool: a free waits for the buffer's own ops only, never for other streams' work, and
+its block is reused; running out of memory is still a named error. Marked ``gpu``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support import cuda_devices
+
+import gpuworkbench as gw
+
+pytestmark = pytest.mark.gpu
+
+SPIN = r"""
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return cuda_devices(1)[0]
+
+
+def test_a_free_does_not_wait_for_another_streams_kernel(dev):
+    spin = dev.compile(SPIN, "spin")
+    busy, mine = dev.create_stream("busy"), dev.create_stream("mine")
+    data = np.arange(1 << 16, dtype=np.float32)
+    try:
+        spin(1, 1, (np.uint64(1000),), stream=busy).wait()  # compiled and loaded before the long one
+        buf = dev.alloc(data.size)
+        buf.copy_from_host_async(data, mine)
+        out = np.empty_like(data)
+        buf.copy_to_host_async(out, mine)
+        long = spin(1, 1, (np.uint64(2_000_000_000),), stream=busy)  # 2 s on the other stream
+        buf.free()  # waits for the copies on `mine` alone
+        running = not long.done()
+        assert np.array_equal(out, data)  # the free came after the buffer's own ops
+        assert running, "Buffer.free waited for a kernel on another stream"
+    finally:
+        dev.synchronize()
+        busy.close()
+        mine.close()
+
+
+def test_a_freed_block_is_reused_and_counted_free(dev):
+    import cupy as cp
+
+    nbytes = 64 << 20
+    driver_free = cp.cuda.runtime.memGetInfo
+    first = dev.alloc(nbytes, "uint8")
+    first.free()
+    before, (free_after, _) = driver_free()[0], dev.memory_info()
+    again = dev.alloc(nbytes, "uint8")
+    try:
+        assert driver_free()[0] == before  # the pool's block: the driver gave nothing more
+        free_again, _ = dev.memory_info()
+        assert free_again == free_after - nbytes  # the pool's unused blocks count as free
+    finally:
+        again.free()
+
+
+def test_a_buffer_too_large_even_after_the_pool_lets_go_is_out_of_memory(dev):
+    cached = dev.alloc(32 << 20, "uint8")
+    cached.free()  # an unused block in the pool
+    held = dev.held_bytes
+    free, total = dev.memory_info()
+    with pytest.raises(gw.OutOfMemory, match="cannot allocate") as info:
+        dev.alloc(total + (1 << 30), "uint8")
+    assert (info.value.asked, info.value.total) == (total + (1 << 30), total)
+    assert dev.held_bytes == held
+    with dev.alloc(1000) as b:  # the device still works
+        b.copy_from_host(np.ones(1000, np.float32))
+        assert b.copy_to_host()[-1] == 1
