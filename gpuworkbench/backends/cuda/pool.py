@@ -1,7 +1,7 @@
 """A CUDA device's buffers from CuPy's caching memory pool. A freed buffer's block goes back to the pool, with no
 CUDA call, for the next allocation to reuse; ``cudaFree`` waits for every stream's work on the device, so a free in a
 pipeline used to stall the host until the other streams' kernels ended (2.0 ms behind another stream's 2 ms kernel
-on an H200, against 0.04 ms from the pool: ``benchmarks/probes/free_prune.py`` and the figures in
+on an H200, against 0.04 ms from the pool: ``benchmarks/probes/buffer_free.py`` and the figures in
 ``docs/benchmarks.md``). The caller has waited for every op that used a buffer before it frees it, so a reused block is
 idle whichever stream the next user runs on."""
 
