@@ -37,7 +37,7 @@ def test_a_free_does_not_wait_for_another_streams_kernel(dev):
         buf.copy_to_host_async(out, mine)
         long = spin(1, 1, (np.uint64(2_000_000_000),), stream=busy)  # 2 s on the other stream
         buf.free()  # waits for the copies on `mine` alone
-        running = not long.done()
+        running = not long.done
         assert np.array_equal(out, data)  # the free came after the buffer's own ops
         assert running, "Buffer.free waited for a kernel on another stream"
     finally:
