@@ -1,5 +1,6 @@
 """CUDA buffers from the caching pool: a free waits for the buffer's own ops only, never for other streams' work, and
-its block is reused; running out of memory is still a named error. Marked ``gpu``."""
+its block is reused; running out of memory is still a named error; without the pool (``GPUWB_CUDA_POOL=0``, or under
+compute-sanitizer) each buffer is an allocation of its own. The GPU tests are marked ``gpu``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import pytest
 from support import cuda_devices
 
 import gpuworkbench as gw
-
-pytestmark = pytest.mark.gpu
+from gpuworkbench.backends.cuda.pool import BufferPool, caching_wanted
 
 SPIN = r"""
 extern "C" __global__ void spin(unsigned long long ns) {
@@ -25,6 +25,7 @@ def dev():
     return cuda_devices(1)[0]
 
 
+@pytest.mark.gpu
 def test_a_free_does_not_wait_for_another_streams_kernel(dev):
     spin = dev.compile(SPIN, "spin")
     busy, mine = dev.create_stream("busy"), dev.create_stream("mine")
@@ -46,6 +47,7 @@ def test_a_free_does_not_wait_for_another_streams_kernel(dev):
         mine.close()
 
 
+@pytest.mark.gpu
 def test_a_freed_block_is_reused_and_counted_free(dev):
     import cupy as cp
 
@@ -63,6 +65,7 @@ def test_a_freed_block_is_reused_and_counted_free(dev):
         again.free()
 
 
+@pytest.mark.gpu
 def test_a_buffer_too_large_even_after_the_pool_lets_go_is_out_of_memory(dev):
     cached = dev.alloc(32 << 20, "uint8")
     cached.free()  # an unused block in the pool
@@ -75,3 +78,36 @@ def test_a_buffer_too_large_even_after_the_pool_lets_go_is_out_of_memory(dev):
     with dev.alloc(1000) as b:  # the device still works
         b.copy_from_host(np.ones(1000, np.float32))
         assert b.copy_to_host()[-1] == 1
+
+
+@pytest.mark.gpu
+def test_without_the_pool_each_buffer_is_its_own_allocation(monkeypatch):
+    cp = pytest.importorskip("cupy")
+    cuda_devices(1)
+    monkeypatch.setenv("GPUWB_CUDA_POOL", "0")
+    pool, driver_free = BufferPool(cp), cp.cuda.runtime.memGetInfo
+    before = driver_free()[0]
+    pointer = pool.alloc(64 << 20)
+    assert driver_free()[0] <= before - (64 << 20)
+    assert pool.give_back(pointer) and not pool.give_back(pointer)
+    assert driver_free()[0] == before and pool.cached_bytes == 0  # cudaFree'd at once
+
+
+@pytest.mark.parametrize(
+    ("told", "injection", "caching"),
+    [
+        (None, None, True),
+        (None, "/usr/local/cuda/compute-sanitizer/libsanitizer-collection.so", False),
+        (None, "/opt/nsight-systems/libToolsInjection64.so", True),
+        ("0", None, False),
+        ("off", None, False),
+        ("1", "/usr/local/cuda/compute-sanitizer/libsanitizer-collection.so", True),
+    ],
+)
+def test_the_pool_is_left_out_when_asked_and_under_compute_sanitizer(monkeypatch, told, injection, caching):
+    for name, value in (("GPUWB_CUDA_POOL", told), ("CUDA_INJECTION64_PATH", injection)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert caching_wanted() is caching

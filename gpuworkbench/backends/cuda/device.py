@@ -43,7 +43,7 @@ from ..base import (
 )
 from .arena import Arena
 from .events import CudaCompletion, Epoch, EventPool, load_cupy, measure_epoch
-from .launch import CONTEXT_ERROR, PackedLaunch, PreparedLaunch, packed, prepare
+from .launch import CONTEXT_ERROR, OCCUPANCY_PROPERTIES, PackedLaunch, PreparedLaunch, packed, prepare
 from .peers import enable_peer
 from .pool import BufferPool
 from .staging import Stager
@@ -62,12 +62,6 @@ _STAGE_MIN = 1 << 20  # pageable copies smaller than this go straight to the dri
 _ATTR_MEMORY_POOLS = 115  # cudaDevAttrMemoryPoolsSupported: cudaMallocAsync works
 _HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped (hipHostMallocMapped): the device reads and writes it directly
 _FUNC_SHARED_SIZE_BYTES, _FUNC_NUM_REGS = 1, 4  # CUfunction_attribute: static shared bytes, registers per thread
-#: The ``cudaDeviceProp`` fields theoretical occupancy is computed from (``occupancy_properties``).
-_OCCUPANCY_PROPERTIES = frozenset(
-    "major minor multiProcessorCount warpSize maxThreadsPerBlock maxThreadsPerMultiProcessor regsPerMultiprocessor "
-    "maxBlocksPerMultiProcessor regsPerBlock sharedMemPerMultiprocessor sharedMemPerBlockOptin sharedMemPerBlock "
-    "reservedSharedMemPerBlock".split()
-)
 IN_GRAPH = DoneCompletion()  # what an op enqueued during stream capture returns: it runs only when the graph does
 
 
@@ -225,6 +219,7 @@ class CudaDevice(BackendDevice):
                         f"{self.info.backend}:{self._id} (a persistent kernel's arena: pass a smaller arena_bytes)",
                     ) from None
             self._persistent += 1
+            self._buffers.keep_frees = True  # without the caching pool a free is a cudaFree, which could wait for it
             return self._async_seq
 
     def persistent_may_read(self, pointer: int, mark: int) -> bool:
@@ -255,6 +250,7 @@ class CudaDevice(BackendDevice):
                 deferred.append(("device", self._arena.base))
                 self._arena = None
         self._use()
+        self._buffers.stop_keeping()
         for kind, ptr in deferred:
             (self._rt.free if kind == "device" else self._rt.freeHost)(ptr)
 
@@ -457,7 +453,7 @@ class CudaDevice(BackendDevice):
     def occupancy_properties(self) -> dict[str, int]:
         if self._occupancy is None:  # read once: each trace asks at its first op on the device
             props = {} if self._rt.is_hip else self._rt.getDeviceProperties(self._id)  # ROCm: not CUDA's model
-            self._occupancy = {k: int(v) for k, v in props.items() if k in _OCCUPANCY_PROPERTIES and isinstance(v, int)}
+            self._occupancy = {k: int(v) for k, v in props.items() if k in OCCUPANCY_PROPERTIES and isinstance(v, int)}
         return self._occupancy
 
     def kernel_resources(self, kernel: Any) -> tuple[int, int]:

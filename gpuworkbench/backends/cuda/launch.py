@@ -19,6 +19,12 @@ from typing import Any
 import numpy as np
 
 CONTEXT_ERROR = 201  # CUDA_ERROR_INVALID_CONTEXT: this thread has no current context yet
+#: The ``cudaDeviceProp`` fields theoretical occupancy is computed from (``CudaDevice.occupancy_properties``).
+OCCUPANCY_PROPERTIES = frozenset(
+    "major minor multiProcessorCount warpSize maxThreadsPerBlock maxThreadsPerMultiProcessor regsPerMultiprocessor "
+    "maxBlocksPerMultiProcessor regsPerBlock sharedMemPerMultiprocessor sharedMemPerBlockOptin sharedMemPerBlock "
+    "reservedSharedMemPerBlock".split()
+)
 _CODES = {"?": "?", "b": "b", "B": "B", "h": "h", "H": "H", "i": "i", "I": "I", "l": "q", "L": "Q", "q": "q"}
 _CODES.update({"Q": "Q", "e": "e", "f": "f", "d": "d"})
 

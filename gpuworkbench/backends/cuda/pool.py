@@ -1,28 +1,50 @@
 """A CUDA device's buffers from CuPy's caching memory pool. A freed buffer's block goes back to the pool, with no
-CUDA call, for the next allocation to reuse; ``cudaFree`` waits for every stream's work on the device, so a free in a
-pipeline used to stall the host until the other streams' kernels ended (2.0 ms behind another stream's 2 ms kernel
-on an H200, against 0.04 ms from the pool: ``benchmarks/probes/buffer_free.py`` and the figures in
-``docs/benchmarks.md``). The caller has waited for every op that used a buffer before it frees it, so a reused block is
-idle whichever stream the next user runs on."""
+CUDA call, for the next allocation to reuse; ``cudaFree`` waits for every stream's work on the device, so a free
+beside another stream's 2 ms kernel took 2.0 ms, and 0.05 ms from the pool (an H200, ``benchmarks/probes/
+buffer_free.py``). The caller has waited for every op that used a buffer before it frees it, so a reused block is
+idle whichever stream the next user runs on.
+
+``GPUWB_CUDA_POOL=0`` gives every buffer its own cudaMalloc and cudaFree instead, as PyTorch's
+``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` does, so that compute-sanitizer sees each buffer as an allocation of its own: its
+memcheck finds an access past a buffer's end only then, and its racecheck (2025.3, on an H200) reported a
+shared-memory race in a kernel only with the buffers so allocated. Under compute-sanitizer (its library in
+``CUDA_INJECTION64_PATH``) that is the default."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+_OFF = ("0", "false", "no", "off")
+
+
+def caching_wanted() -> bool:
+    """Whether buffers come from the caching pool: ``GPUWB_CUDA_POOL``, else yes unless compute-sanitizer runs."""
+    told = os.environ.get("GPUWB_CUDA_POOL")
+    if told is not None:
+        return told.strip().lower() not in _OFF
+    return "sanitizer" not in os.environ.get("CUDA_INJECTION64_PATH", "").lower()
 
 
 class BufferPool:
-    """Device pointers handed out from one CuPy ``MemoryPool``, each kept alive by its ``MemoryPointer`` until freed."""
+    """Device pointers handed out from one CuPy ``MemoryPool`` (or, not caching, one cudaMalloc each), each kept alive
+    by its ``MemoryPointer`` until freed."""
 
     def __init__(self, cupy: Any) -> None:
-        self._pool = cupy.cuda.MemoryPool()
-        self._out_of_memory = cupy.cuda.memory.OutOfMemoryError
+        memory = cupy.cuda.memory
+        self.caching = caching_wanted()
+        self._pool = memory.MemoryPool() if self.caching else None
+        self._malloc = self._pool.malloc if self._pool else lambda n: memory.MemoryPointer(memory.Memory(n), 0)
+        self._out_of_memory = memory.OutOfMemoryError
         self._held: dict[int, Any] = {}  # pointer -> its MemoryPointer (dropping it gives the block back)
+        self._kept: list[Any] = []  # not caching, a persistent kernel running: frees whose cudaFree could wait for it
+        self.keep_frees = False
 
     def alloc(self, nbytes: int) -> int | None:
         """A pointer to at least ``nbytes`` (256-byte aligned, as cudaMalloc's), or None where the device has no room
         even after the pool gave its unused blocks back to the driver (CuPy's pool does that before it fails)."""
         try:
-            memory = self._pool.malloc(nbytes)
+            memory = self._malloc(nbytes)
         except self._out_of_memory:
             return None
         pointer = int(memory.ptr)
@@ -31,13 +53,24 @@ class BufferPool:
 
     def give_back(self, pointer: int) -> bool:
         """Return the block of ``pointer`` to the pool; False where the pool did not hand it out."""
-        return self._held.pop(pointer, None) is not None
+        memory = self._held.pop(pointer, None)
+        if memory is None:
+            return False
+        if self.keep_frees and self._pool is None:
+            self._kept.append(memory)
+        return True
+
+    def stop_keeping(self) -> None:
+        """No persistent kernel runs any longer: the frees kept meanwhile happen now."""
+        self.keep_frees = False
+        self._kept.clear()
 
     @property
     def cached_bytes(self) -> int:
         """Bytes the pool holds unused: free for this device's next allocations, not for other libraries."""
-        return int(self._pool.free_bytes())
+        return int(self._pool.free_bytes()) if self._pool else 0
 
     def release(self) -> None:
         """Give the pool's unused blocks back to the driver (cudaFree)."""
-        self._pool.free_all_blocks()
+        if self._pool:
+            self._pool.free_all_blocks()
