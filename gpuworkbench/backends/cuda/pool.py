@@ -7,8 +7,8 @@ idle whichever stream the next user runs on.
 ``GPUWB_CUDA_POOL=0`` gives every buffer its own cudaMalloc and cudaFree instead, as PyTorch's
 ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` does, so that compute-sanitizer sees each buffer as an allocation of its own: its
 memcheck finds an access past a buffer's end only then, and its racecheck (2025.3, on an H200) reported a
-shared-memory race in a kernel only with the buffers so allocated. Under compute-sanitizer (its library in
-``CUDA_INJECTION64_PATH``) that is the default."""
+shared-memory race in a kernel only with the buffers so allocated. Under compute-sanitizer (which sets
+``NV_SANITIZER_INJECTION_*`` in its target's environment) that is the default."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def caching_wanted() -> bool:
     told = os.environ.get("GPUWB_CUDA_POOL")
     if told is not None:
         return told.strip().lower() not in _OFF
-    return "sanitizer" not in os.environ.get("CUDA_INJECTION64_PATH", "").lower()
+    return not any(name.startswith("NV_SANITIZER_INJECTION") for name in os.environ)
 
 
 class BufferPool:
