@@ -21,6 +21,9 @@ extern "C" __global__ void spin(unsigned long long ns) {
 }
 """
 
+POOLED = pytest.mark.skipif(not caching_wanted(), reason="no pooled buffers here (GPUWB_CUDA_POOL, compute-sanitizer)")
+SANITIZED = any(name.startswith("NV_SANITIZER_INJECTION") for name in os.environ)
+
 
 @pytest.fixture(scope="module")
 def dev():
@@ -28,6 +31,7 @@ def dev():
 
 
 @pytest.mark.gpu
+@POOLED
 def test_a_free_does_not_wait_for_another_streams_kernel(dev):
     spin = dev.compile(SPIN, "spin")
     busy, mine = dev.create_stream("busy"), dev.create_stream("mine")
@@ -50,6 +54,7 @@ def test_a_free_does_not_wait_for_another_streams_kernel(dev):
 
 
 @pytest.mark.gpu
+@POOLED
 def test_a_freed_block_is_reused_and_counted_free(dev):
     import cupy as cp
 
@@ -83,6 +88,7 @@ def test_a_buffer_too_large_even_after_the_pool_lets_go_is_out_of_memory(dev):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(SANITIZED, reason="memcheck holds freed memory back, to catch a use after the free")
 def test_without_the_pool_each_buffer_is_its_own_allocation(monkeypatch):
     cp = pytest.importorskip("cupy")
     cuda_devices(1)
