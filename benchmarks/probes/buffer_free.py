@@ -3,6 +3,7 @@
 ``python benchmarks/probes/buffer_free.py``:
 - how long a free of a 4 KiB buffer takes while a 2 ms kernel runs on another stream: ours, a bare
   cudaMalloc/cudaFree pair and CuPy's pool (cudaFree waits for the whole device);
+- an iteration of the loop below (alloc, launch on the new buffer, free) with its three steps timed apart;
 - ABBA rounds of a loop that allocates 4 KiB, launches an empty kernel on it and frees it: as it stands, with
   ``Device.prune_streams`` (a free prunes the streams the buffer was used on, so that done ops keep no view of its
   memory) replaced by a no-op, and the same loop in raw CuPy (whose free does not wait for the kernel); also a free
@@ -62,9 +63,28 @@ def free_beside_a_kernel(dev: gw.Device) -> None:
         print(f"  {name:<44} {statistics.median(took):7.3f}")
 
 
+def pieces(dev: gw.Device) -> None:
+    """The alloc, the launch on the new buffer and the free of one loop iteration, timed apart."""
+    s = dev.create_stream("pieces")
+    k = dev.compile(EMPTY, "empty")
+    took: list[tuple[int, int, int]] = []
+    for _ in range(3000):
+        t0 = time.perf_counter_ns()
+        b = dev.alloc(1024, "float32")
+        t1 = time.perf_counter_ns()
+        k(1, 32, (b,), stream=s)
+        t2 = time.perf_counter_ns()
+        b.free()
+        took.append((t1 - t0, t2 - t1, time.perf_counter_ns() - t2))
+    alloc, launch, free = (statistics.median(x[j] for x in took[500:]) / 1000 for j in range(3))
+    print(f"== one iteration's pieces, µs (medians): alloc {alloc:.2f}, launch {launch:.2f}, free {free:.2f}")
+    s.close()
+
+
 def main() -> None:
     dev = gw.Device("cuda:0")
     free_beside_a_kernel(dev)
+    pieces(dev)
     s, other = dev.create_stream("free"), dev.create_stream("other")
     k = dev.compile(EMPTY, "empty")
     keep = dev.alloc(1, "float32")

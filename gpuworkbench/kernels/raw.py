@@ -78,7 +78,7 @@ class Kernel:
         self._prepare_varying, self._launch_varying = backend.prepare_varying, backend.launch_varying
         self._repeats: dict[tuple, tuple] = {}  # see _repeat
         self._shapes: dict[tuple, tuple] = {}  # see _shaped
-        self._last: tuple | None = None  # the last launch's key and objects
+        self._last: tuple | None = None  # the last launch's key, objects and Buffer.frees
         self._hot: tuple | None = None  # the last repeat found: (grid, block, stream, ids, entry); see __call__
         self._near: tuple | None = None  # the last shape found: (grid, block, stream, types, ids, key, entry)
         self._misses = 0  # launches in a row that were not repeats
@@ -268,10 +268,11 @@ class Kernel:
             self._shaped(shape, (grid, block), args, grid_t, block_t, values, stream, frees)
         if repeatable and usable:
             last = self._last
-            if last is not None and last[0] == key:
+            if last is not None and last[0] == key and last[2] == frees:
                 self._repeat(key, last[1], args, grid_t, block_t, values, stream, frees)
-            else:  # its objects kept: a scalar made per call must not lend its id to the next call's
-                self._last = (key, (grid, block, scalars))
+            else:  # its objects kept: a scalar made per call must not lend its id to the next call's; a free between
+                # two calls with equal keys (a new buffer where the freed one was) would drop what they prepare
+                self._last = (key, (grid, block, scalars), frees)
         return Event(completion, stream, values)
 
     def _run_prepared(self, prepared: Any, grid: tuple, block: tuple, values: list, stream: Any, timed: bool) -> Any:

@@ -20,10 +20,11 @@ cudaFree, cudaFreeHost, loading a new module and starting a CUPTI trace waited f
 cudaMallocAsync/cudaFreeAsync, cudaHostAlloc, copies, other streams' syncs and memGetInfo did not.
 
 - ``Device.synchronize()`` skips the persistent stream; ``Stream.synchronize()`` on it raises instead of hanging.
-- ``Buffer.free`` gives the block back to the device's pool (``backends/cuda/pool.py``) with no CUDA call; only the
-  arena's cudaFree is deferred until the last persistent kernel on the device stops. Memory allocated meanwhile comes from an arena allocated just before the kernel's launch, so that CUDA
-  promises the kernel what it reads there (``backends/cuda/arena.py``); once the arena is full, from
-  ``cudaMallocAsync`` on a private stream, freed stream-ordered, which a running kernel refuses to read.
+- ``Buffer.free`` gives the block back to the device's pool (``backends/cuda/pool.py``), with no CUDA call; without
+  the pool (``GPUWB_CUDA_POOL=0``, compute-sanitizer) its cudaFree, like the arena's, is deferred until the last
+  persistent kernel on the device stops. Memory allocated meanwhile comes from an arena allocated just before the
+  kernel's launch, so that CUDA promises the kernel what it reads there (``backends/cuda/arena.py``); once the arena
+  is full, from ``cudaMallocAsync`` on a private stream, freed stream-ordered, which a running kernel refuses to read.
 - ``Device.compile`` is refused: loading a module may synchronize the context (CUDA's lazy loading). Compile first.
 - The ring (mapped host memory) is released with cudaFreeHost only once no persistent kernel runs on the device.
 - A trace that first meets the device while one runs takes its spans from CUDA events, not CUPTI (which would wait).

@@ -184,6 +184,36 @@ def test_a_freed_buffer_leaves_no_memory_in_its_streams_queues(cpu):
         s.close()
 
 
+def test_a_new_buffer_each_launch_prepares_nothing_and_every_value_lands(cpu, monkeypatch):
+    """alloc, launch, free in a loop: the new buffer often gets the freed one's id, so two launches in a row have
+    equal keys; with a free between them nothing is prepared (the free would drop it), and each launch writes its own
+    buffer."""
+    k = cpu.compile(_write_scalar, "write_scalar")
+    s = cpu.create_stream("churn")
+    prepared = []
+    real = k._prepare  # the backend's prepare_launch, bound when the kernel was made
+    monkeypatch.setattr(k, "_prepare", lambda *a: prepared.append(a) or real(*a))
+    seven, ids = np.float32(7), set()
+    try:
+        for _ in range(12):  # fewer than the misses after which no key is made for a while
+            x = cpu.alloc(4, "float32")
+            ids.add(id(x))
+            k(1, 1, (x, seven), stream=s).wait()
+            assert x.copy_to_host()[0] == 7
+            x.free()
+            del x  # its id free for the next buffer
+        assert len(ids) < 12  # ids were reused: keys repeated across frees
+        assert not prepared and not k._repeats
+        y = cpu.alloc(4, "float32")
+        for _ in range(3):  # no free between: the second launch prepares the repeat
+            k(1, 1, (y, seven), stream=s)
+        s.synchronize()
+        assert len(prepared) == 1 and len(k._repeats) == 1
+        y.free()
+    finally:
+        s.close()
+
+
 def test_the_last_repeat_is_found_by_identity_and_sees_every_change(cpu):
     k = cpu.compile(_write_scalar, "write_scalar")
     a, b = cpu.alloc(1, "float32"), cpu.alloc(1, "float32")
@@ -666,6 +696,8 @@ def test_a_launch_with_a_new_scalar_each_time_packs_it_into_the_slots_per_call(f
     odd = np.zeros(1, dtype=[("a", "i4"), ("b", "f4")])[0]  # a structured scalar fits no slot: CuPy's call
     dev.launch(kernel, (4,), (32,), [ptr, odd], s, False)
     assert len(kernel.calls) == 1 and len(driver.launches) == 6
+    shared = dev.prepare_varying(kernel, (4,), (32,), (np.uint64, np.int32))  # the front end's shapes: the same slots
+    assert shared is dev._packed[(kernel, (4,), (32,), np.uint64, np.int32)] and len(dev._packed) == 3
 
 
 def test_a_prepared_launch_packs_each_scalar_type_into_its_slot(fake_cuda):

@@ -472,14 +472,7 @@ class CudaDevice(BackendDevice):
         self._use()
         values = tuple([np.uint64(a.handle) if type(a) is BufferArg else a for a in args])
         start = self._begin(stream, timed) if timed else None
-        slots = None
-        if self._driver is not None and not self._capturing:
-            key = (kernel, grid, block, *map(type, values))
-            slots = self._packed.get(key, False)
-            if slots is False:  # once per kernel, dims and argument types: None where CuPy's call must launch it
-                if len(self._packed) >= 1024:
-                    self._packed.clear()
-                slots = self._packed[key] = packed(self._driver.launchKernel, kernel.ptr, grid, block, key[3:])
+        slots = self.prepare_varying(kernel, grid, block, tuple(map(type, values)))
         if slots is None:
             kernel(grid, block, values, stream=stream)
         else:
@@ -523,7 +516,13 @@ class CudaDevice(BackendDevice):
     def prepare_varying(self, kernel: Any, grid: tuple[int, ...], block: tuple[int, ...], types: Sequence[type]) -> Any:
         if self._driver is None or self._capturing:
             return None
-        return packed(self._driver.launchKernel, kernel.ptr, grid, block, types)
+        key = (kernel, grid, block, *types)
+        slots = self._packed.get(key, False)
+        if slots is False:  # once per kernel, dims and argument types: None where CuPy's call must launch it
+            if len(self._packed) >= 1024:
+                self._packed.clear()
+            slots = self._packed[key] = packed(self._driver.launchKernel, kernel.ptr, grid, block, key[3:])
+        return slots
 
     def launch_varying(self, varying: Any, stream: Any, values: Sequence[Any]) -> Any:
         if self._get_device() != self._id:  # _use, inlined (this is the launch path)

@@ -31,11 +31,10 @@ class BufferPool:
     by its ``MemoryPointer`` until freed."""
 
     def __init__(self, cupy: Any) -> None:
-        memory = cupy.cuda.memory
         self.caching = caching_wanted()
-        self._pool = memory.MemoryPool() if self.caching else None
-        self._malloc = self._pool.malloc if self._pool else lambda n: memory.MemoryPointer(memory.Memory(n), 0)
-        self._out_of_memory = memory.OutOfMemoryError
+        self._cupy = cupy
+        self._pool: Any = None  # made at the first allocation
+        self._malloc: Any = None
         self._held: dict[int, Any] = {}  # pointer -> its MemoryPointer (dropping it gives the block back)
         self._kept: list[Any] = []  # not caching, a persistent kernel running: frees whose cudaFree could wait for it
         self.keep_frees = False
@@ -43,12 +42,17 @@ class BufferPool:
     def alloc(self, nbytes: int) -> int | None:
         """A pointer to at least ``nbytes`` (256-byte aligned, as cudaMalloc's), or None where the device has no room
         even after the pool gave its unused blocks back to the driver (CuPy's pool does that before it fails)."""
+        memory = self._cupy.cuda.memory
+        if self._malloc is None:
+            if self.caching:
+                self._pool = memory.MemoryPool()
+            self._malloc = self._pool.malloc if self._pool else lambda n: memory.MemoryPointer(memory.Memory(n), 0)
         try:
-            memory = self._malloc(nbytes)
-        except self._out_of_memory:
+            block = self._malloc(nbytes)
+        except memory.OutOfMemoryError:
             return None
-        pointer = int(memory.ptr)
-        self._held[pointer] = memory
+        pointer = int(block.ptr)
+        self._held[pointer] = block
         return pointer
 
     def give_back(self, pointer: int) -> bool:
