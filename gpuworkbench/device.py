@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -177,13 +177,13 @@ class Device:
         """Stream id → label, of every open stream."""
         return {s.id: s.label for s in self._streams}
 
-    def prune_streams(self, ids: Iterable[Any]) -> None:
+    def prune_streams(self, waited: Mapping[int, Any]) -> None:
         """Let the streams of these ids drop their finished ops (and the arguments those keep: on the CPU a kernel's
-        view of a buffer's memory), as a freed buffer's streams do."""
-        wanted = set(ids)
+        view of a buffer's memory), as a freed buffer's streams do; ``waited``: stream id -> a completion on it that
+        the caller waited for."""
         for s in list(self._streams):
-            if s.id in wanted and s.inflight:
-                s.prune_if_free()
+            if s.inflight and s.id in waited:
+                s.prune_if_free(waited[s.id])
 
     def forget_stream(self, stream: Stream) -> None:
         """Drop a closed stream from the device's list."""

@@ -108,12 +108,13 @@ class Stream:
         with self._lock:
             self._prune()
 
-    def prune_if_free(self) -> None:
+    def prune_if_free(self, finished: Any = None) -> None:
         """Prune unless someone holds the queue's lock now (a buffer freed by its finaliser, while this thread prunes,
-        must not wait for itself)."""
+        must not wait for itself). ``finished``: a completion the caller waited for; where it is the newest op's, every
+        op is done, with no query."""
         if self._lock.acquire(blocking=False):
             try:
-                self._prune()
+                self._prune(finished)
             finally:
                 self._lock.release()
 
@@ -122,11 +123,11 @@ class Stream:
             for item in [item for item in self.inflight if item[0] is completion]:
                 self.inflight.remove(item)
 
-    def _prune(self) -> list[tuple[Any, Any]]:
+    def _prune(self, finished: Any = None) -> list[tuple[Any, Any]]:
         """Remove finished ops from the left and return them (the caller holds the lock)."""
         q = self.inflight
         n = len(q)
-        if n and q[n - 1][0].done():  # in order: the newest seen done means all before it are, one query
+        if n and (q[n - 1][0] is finished or q[n - 1][0].done()):  # in order: the newest done means all are
             return [q.popleft() for _ in range(n)]
         done = []
         while q and q[0][0].done():

@@ -314,6 +314,34 @@ def test_the_queue_of_ops_is_pruned_rarely_but_large_host_arrays_often(cpu):
         s.close()
 
 
+def test_a_prune_after_a_wait_on_the_newest_op_asks_no_completion(cpu):
+    """A freed buffer's streams are pruned with the completion its free waited for: where that is the newest op's,
+    the whole queue is done without a query (on CUDA a query records and asks an event)."""
+
+    class Asked:
+        def __init__(self, done: bool) -> None:
+            self.answer, self.asked = done, 0
+
+        def done(self) -> bool:
+            self.asked += 1
+            return self.answer
+
+    s = cpu.create_stream("waited")
+    try:
+        s.synchronize()
+        older, newest = Asked(True), Asked(True)
+        s.inflight.extend([(older, None), (newest, None)])
+        s.prune_if_free(newest)
+        assert not s.inflight and older.asked == newest.asked == 0
+        waited, running = Asked(True), Asked(False)
+        s.inflight.extend([(waited, None), (running, None)])
+        s.prune_if_free(waited)  # a newer op than the one waited for: asked, and kept while it runs
+        assert [c for c, _ in s.inflight] == [running] and running.asked > 0
+        s.inflight.clear()
+    finally:
+        s.close()
+
+
 # ------------------------------------------------------------------ elementwise: launch plans per signature
 def test_elementwise_plan_per_length_and_mask(device):
     f = gw.elementwise("float32 x, float32 a, float32 y", "y = a * x + 1", name="plans")
