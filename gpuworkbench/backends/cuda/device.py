@@ -589,6 +589,7 @@ class CudaDevice(BackendDevice):
 
     def close(self) -> None:
         self._stager.close()
+        self._use()  # the pool of this device: CuPy's pool lets go of the current device's blocks
         self._buffers.release()
         if self._side_stream is not None:
             self._side_stream.synchronize()
