@@ -30,7 +30,10 @@ _PREPARING: weakref.WeakSet = weakref.WeakSet()  # kernels holding prepared laun
 
 def _drop_prepared() -> None:
     """A buffer was freed: prepared launches may name it (on the CPU they hold a view of its memory), so drop all."""
+    if not _PREPARING:  # a loop that allocates and frees: nothing prepared since the last free
+        return
     for kernel in list(_PREPARING):
+        _PREPARING.discard(kernel)  # before its entries go: one prepared meanwhile adds the kernel again
         kernel._repeats.clear()
         kernel._shapes.clear()
         kernel._hot = kernel._near = None
@@ -79,6 +82,7 @@ class Kernel:
         self._repeats: dict[tuple, tuple] = {}  # see _repeat
         self._shapes: dict[tuple, tuple] = {}  # see _shaped
         self._last: tuple | None = None  # the last launch's key, objects and Buffer.frees
+        self._last_frees = -1  # Buffer.frees at the last launch that took the full path
         self._hot: tuple | None = None  # the last repeat found: (grid, block, stream, ids, entry); see __call__
         self._near: tuple | None = None  # the last shape found: (grid, block, stream, types, ids, key, entry)
         self._misses = 0  # launches in a row that were not repeats
@@ -264,8 +268,9 @@ class Kernel:
         sid = stream.id
         for b in buffers:
             b.inflight[sid] = completion  # Buffer.touch, inlined
-        if shape is not None and self._skip and usable and stream.capturing is None:
-            self._shaped(shape, (grid, block), args, grid_t, block_t, values, stream, frees)
+        if shape is not None and self._skip and usable and stream.capturing is None and self._last_frees == frees:
+            self._shaped(shape, (grid, block), args, grid_t, block_t, values, stream, frees)  # no free since the last
+        self._last_frees = frees  # one: a free between would drop the shape (and the new buffer may have a freed id)
         if repeatable and usable:
             last = self._last
             if last is not None and last[0] == key and last[2] == frees:

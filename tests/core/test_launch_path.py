@@ -17,6 +17,7 @@ from support import sample
 
 import gpuworkbench as gw
 from gpuworkbench.backends.base import DONE, BufferArg, DeviceInfo, LazyCompletion, StreamMarks
+from gpuworkbench.kernels.raw import _PREPARING
 
 
 def add_one(x: np.ndarray, y: np.ndarray) -> None:
@@ -210,6 +211,25 @@ def test_a_new_buffer_each_launch_prepares_nothing_and_every_value_lands(cpu, mo
         s.synchronize()
         assert len(prepared) == 1 and len(k._repeats) == 1
         y.free()
+        # the CPU backend has no slots for varying launches: stand-ins that launch through its full path
+        backend = cpu.backend_device
+        slots = []  # each preparation of varying slots, as the backend would make them
+        monkeypatch.setattr(k, "_prepare_varying", lambda raw, g, b, types: slots.append(1) or (raw, g, b))
+        monkeypatch.setattr(k, "_launch_varying", lambda v, raw, values: backend.launch(*v, values, raw, False))
+        for _ in range(40):  # past the misses after which launches keep their shapes: none kept across a free
+            x = cpu.alloc(4, "float32")
+            k(1, 1, (x, seven), stream=s).wait()
+            assert x.copy_to_host()[0] == 7
+            x.free()
+            del x
+        assert k._skip > 0 and not slots and not k._shapes and k not in _PREPARING
+        z = cpu.alloc(4, "float32")
+        for i in range(5):  # a scalar that changes, no free between: the shape is kept and used
+            k(1, 1, (z, np.float32(i)), stream=s)
+        s.synchronize()
+        assert z.copy_to_host()[0] == 4 and len(k._shapes) == 1 and k in _PREPARING
+        z.free()
+        assert not k._shapes and k not in _PREPARING  # dropped by the free
     finally:
         s.close()
 
