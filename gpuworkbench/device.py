@@ -142,6 +142,13 @@ class Device:
             free = max(total - self.held_bytes, 0)
         return int(free), int(total)
 
+    def empty_cache(self) -> int:
+        """Give the memory the backend keeps for this device's next allocations (on CUDA the caching pool's unused
+        blocks) back to the driver, for other libraries and processes, as ``torch.cuda.empty_cache()`` does; the bytes
+        given back. ``memory_info()`` counts that memory as free either way."""
+        self.check_open()
+        return int(self.backend_device.release_cached())
+
     def used_bytes(self) -> int:
         """The device's used total (total − free), -1 where the backend cannot tell free memory."""
         if not self.caps.memory_free_known:

@@ -236,6 +236,11 @@ class BackendDevice(ABC):
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes; where ``caps.memory_free_known`` is False the caller estimates free itself."""
 
+    def release_cached(self) -> int:
+        """Give the memory a backend caches for its next allocations back to the driver; the bytes given back (here
+        none: a backend without such a cache)."""
+        return 0
+
     @abstractmethod
     def alloc(self, nbytes: int) -> Any:
         """Allocate ``nbytes`` of device memory; raise OutOfMemory when it does not fit."""

@@ -88,6 +88,20 @@ def test_a_buffer_too_large_even_after_the_pool_lets_go_is_out_of_memory(dev):
 
 
 @pytest.mark.gpu
+@POOLED
+def test_empty_cache_gives_the_pools_blocks_back_to_the_driver(dev):
+    import cupy as cp
+
+    dev.empty_cache()
+    big = dev.alloc(256 << 20, "uint8")
+    big.free()  # cached by the pool: the driver still counts it used
+    before, ours = cp.cuda.runtime.memGetInfo()[0], dev.memory_info()[0]
+    assert dev.empty_cache() >= 256 << 20
+    assert cp.cuda.runtime.memGetInfo()[0] >= before + (256 << 20)
+    assert abs(dev.memory_info()[0] - ours) <= 2 << 20  # free to our allocations before and after
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(SANITIZED, reason="memcheck holds freed memory back, to catch a use after the free")
 def test_without_the_pool_each_buffer_is_its_own_allocation(monkeypatch):
     cp = pytest.importorskip("cupy")

@@ -87,6 +87,15 @@ def test_memory_info_follows_allocations(device):
         assert device.memory_info()[0] == free0
 
 
+def test_empty_cache_gives_back_only_what_a_backend_caches(device):
+    with device.alloc(1 << 20, "uint8"):
+        pass
+    given = device.empty_cache()
+    if device.backend_kind is not gw.BackendKind.CUDA:
+        assert given == 0  # no cache: every free went back at once
+    assert given >= 0 and device.empty_cache() == 0  # nothing cached is left to give back
+
+
 def test_live_buffers_and_gc_free(device):
     a, b = device.alloc(10), device.alloc(20, "int64")
     assert set(map(id, device.live_buffers)) == {id(a), id(b)}

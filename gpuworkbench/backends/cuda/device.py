@@ -117,6 +117,10 @@ class CudaDevice(BackendDevice):
         free, total = self._rt.memGetInfo()
         return int(free) + self._buffers.cached_bytes, int(total)  # the pool's unused blocks are free to our allocs
 
+    def release_cached(self) -> int:
+        self._use()
+        return self._buffers.release()
+
     def alloc(self, nbytes: int) -> int:
         if nbytes == 0:
             return 0

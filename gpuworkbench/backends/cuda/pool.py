@@ -74,7 +74,11 @@ class BufferPool:
         """Bytes the pool holds unused: free for this device's next allocations, not for other libraries."""
         return int(self._pool.free_bytes()) if self._pool else 0
 
-    def release(self) -> None:
-        """Give the pool's unused blocks back to the driver (cudaFree)."""
-        if self._pool:
-            self._pool.free_all_blocks()
+    def release(self) -> int:
+        """Give the pool's unused blocks back to the driver (cudaFree); the bytes given back. A block split between a
+        buffer still held and free space stays until the buffer is freed (CuPy's rule)."""
+        if not self._pool:
+            return 0
+        before = self.cached_bytes
+        self._pool.free_all_blocks()
+        return before - self.cached_bytes
