@@ -22,9 +22,10 @@ cudaMallocAsync/cudaFreeAsync, cudaHostAlloc, copies, other streams' syncs and m
 - ``Device.synchronize()`` skips the persistent stream; ``Stream.synchronize()`` on it raises instead of hanging.
 - ``Buffer.free`` gives the block back to the device's pool (``backends/cuda/pool.py``), with no CUDA call; without
   the pool (``GPUWB_CUDA_POOL=0``, compute-sanitizer) its cudaFree, like the arena's, is deferred until the last
-  persistent kernel on the device stops. Memory allocated meanwhile comes from an arena allocated just before the
-  kernel's launch, so that CUDA promises the kernel what it reads there (``backends/cuda/arena.py``); once the arena
-  is full, from ``cudaMallocAsync`` on a private stream, freed stream-ordered, which a running kernel refuses to read.
+  persistent kernel on the device stops. ``Device.empty_cache()`` gives nothing back meanwhile. Memory allocated
+  meanwhile comes from an arena allocated just before the kernel's launch, so that CUDA promises the kernel what it
+  reads there (``backends/cuda/arena.py``); once the arena is full, from ``cudaMallocAsync`` on a private stream,
+  freed stream-ordered, which a running kernel refuses to read.
 - ``Device.compile`` is refused: loading a module may synchronize the context (CUDA's lazy loading). Compile first.
 - The ring (mapped host memory) is released with cudaFreeHost only once no persistent kernel runs on the device.
 - A trace that first meets the device while one runs takes its spans from CUDA events, not CUPTI (which would wait).

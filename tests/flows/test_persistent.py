@@ -325,6 +325,7 @@ def test_cuda_hazards_are_refused_or_deferred():
         kept.copy_from_host(np.ones(1 << 20, np.float32))
         assert pk.echo(1, 2) == 3.0 and pk.sum(kept) == float(1 << 20)
         before.free()  # back to the pool, with no CUDA call (cudaFree could wait for the kernel)
+        assert dev.empty_cache() == 0  # its cudaFree would wait for the kernel too: nothing given back meanwhile
         meanwhile.free()  # back into the arena
         outside.free()  # stream-ordered
         assert not backend._deferred and not backend._async_ptrs

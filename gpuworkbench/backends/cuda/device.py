@@ -118,8 +118,8 @@ class CudaDevice(BackendDevice):
         return int(free) + self._buffers.cached_bytes, int(total)  # the pool's unused blocks are free to our allocs
 
     def release_cached(self) -> int:
-        self._use()
-        return self._buffers.release()
+        self._use()  # nothing while a persistent kernel runs: cudaFree would wait for it, and it never ends
+        return 0 if self._persistent else self._buffers.release()
 
     def alloc(self, nbytes: int) -> int:
         if nbytes == 0:
