@@ -127,3 +127,101 @@ def test_the_pool_is_left_out_when_asked_and_under_compute_sanitizer(monkeypatch
     if sanitizer:  # as compute-sanitizer 2025.3 sets it in the program it runs
         monkeypatch.setenv("NV_SANITIZER_INJECTION_PORT_BASE", "49152")
     assert caching_wanted() is caching
+
+
+class _FakeMemory:
+    """CuPy's ``cuda.memory`` as the pool uses it: blocks with pointers (``Memory``: cudaMalloc, cudaFree when
+    dropped), a caching ``MemoryPool`` whose pointers give their block back when dropped, and running out of room."""
+
+    class OutOfMemoryError(MemoryError):
+        pass
+
+    def __init__(self, room: int) -> None:
+        self.room, self.next, self.pools, self.freed = room, 0x1000, [], []
+        fake = self
+
+        class Memory:
+            def __init__(self, n: int) -> None:
+                self.size = 0  # nothing to free where the allocation fails
+                if n > fake.room:
+                    raise fake.OutOfMemoryError(n)
+                fake.room -= n
+                self.ptr, self.size, fake.next = fake.next, n, fake.next + n
+
+            def __del__(self) -> None:
+                if self.size:
+                    fake.room += self.size
+                    fake.freed.append(self.ptr)
+
+        class MemoryPointer:
+            def __init__(self, mem: Memory, offset: int, back: list | None = None) -> None:
+                self.mem, self.ptr, self._back = mem, mem.ptr + offset, back
+
+            def __del__(self) -> None:
+                if self._back is not None:
+                    self._back.append(self.mem)
+
+        class MemoryPool:
+            def __init__(self) -> None:
+                self.cached: list[Memory] = []
+                fake.pools.append(self)
+
+            def malloc(self, n: int) -> MemoryPointer:
+                mem = next((m for m in self.cached if m.size == n), None)
+                if mem is None:
+                    mem = Memory(n)
+                else:
+                    self.cached.remove(mem)
+                return MemoryPointer(mem, 0, self.cached)
+
+            def free_bytes(self) -> int:
+                return sum(m.size for m in self.cached)
+
+            def free_all_blocks(self) -> None:
+                self.cached.clear()
+
+        self.Memory, self.MemoryPointer, self.MemoryPool = Memory, MemoryPointer, MemoryPool
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    import types
+
+    monkeypatch.delenv("GPUWB_CUDA_POOL", raising=False)
+    for name in [n for n in os.environ if n.startswith("NV_SANITIZER_INJECTION")]:
+        monkeypatch.delenv(name)
+    memory = _FakeMemory(room=1 << 20)
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory)), memory
+
+
+def test_the_pool_keeps_freed_blocks_until_released(fake_cupy):
+    import threading
+
+    cupy, memory = fake_cupy
+    pool = BufferPool(cupy)
+    starts = [threading.Thread(target=pool.alloc, args=(256,)) for _ in range(8)]
+    for t in starts:
+        t.start()
+    for t in starts:
+        t.join()
+    assert len(memory.pools) == 1  # first allocations from several threads make one pool
+    pointer = pool.alloc(4096)
+    assert pool.give_back(pointer) and not pool.give_back(pointer) and not pool.give_back(0xDEAD)
+    assert pool.cached_bytes == 4096 and not memory.freed  # kept for the next allocation: no cudaFree
+    assert pool.alloc(4096) == pointer  # the same block again
+    assert pool.alloc(1 << 21) is None  # no room: the caller raises OutOfMemory
+    assert pool.give_back(pointer) and pool.release() == 4096 and pool.cached_bytes == 0
+    assert memory.freed == [pointer]  # released: cudaFree'd
+
+
+def test_without_the_pool_a_free_is_kept_only_while_a_persistent_kernel_runs(fake_cupy, monkeypatch):
+    cupy, memory = fake_cupy
+    monkeypatch.setenv("GPUWB_CUDA_POOL", "0")
+    pool = BufferPool(cupy)
+    first = pool.alloc(512)
+    assert pool.give_back(first) and memory.freed == [first] and pool.release() == 0  # cudaFree at once
+    pool.keep_frees = True  # a persistent kernel runs: a cudaFree could wait for it
+    second = pool.alloc(512)
+    assert pool.give_back(second) and memory.freed == [first]
+    pool.stop_keeping()
+    assert memory.freed == [first, second]

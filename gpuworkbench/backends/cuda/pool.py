@@ -13,6 +13,7 @@ shared-memory race in a kernel only with the buffers so allocated. Under compute
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 _OFF = ("0", "false", "no", "off")
@@ -28,13 +29,14 @@ def caching_wanted() -> bool:
 
 class BufferPool:
     """Device pointers handed out from one CuPy ``MemoryPool`` (or, not caching, one cudaMalloc each), each kept alive
-    by its ``MemoryPointer`` until freed."""
+    by its ``MemoryPointer`` until freed. Whether it caches is read once, as the device opens."""
 
     def __init__(self, cupy: Any) -> None:
         self.caching = caching_wanted()
         self._cupy = cupy
         self._pool: Any = None  # made at the first allocation
         self._malloc: Any = None
+        self._start = threading.Lock()  # two threads' first allocations make one pool
         self._held: dict[int, Any] = {}  # pointer -> its MemoryPointer (dropping it gives the block back)
         self._kept: list[Any] = []  # not caching, a persistent kernel running: frees whose cudaFree could wait for it
         self.keep_frees = False
@@ -44,9 +46,13 @@ class BufferPool:
         even after the pool gave its unused blocks back to the driver (CuPy's pool does that before it fails)."""
         memory = self._cupy.cuda.memory
         if self._malloc is None:
-            if self.caching:
-                self._pool = memory.MemoryPool()
-            self._malloc = self._pool.malloc if self._pool else lambda n: memory.MemoryPointer(memory.Memory(n), 0)
+            with self._start:
+                if self._malloc is None:
+                    if self.caching:
+                        self._pool = memory.MemoryPool()
+                        self._malloc = self._pool.malloc
+                    else:
+                        self._malloc = lambda n: memory.MemoryPointer(memory.Memory(n), 0)
         try:
             block = self._malloc(nbytes)
         except memory.OutOfMemoryError:
@@ -72,12 +78,12 @@ class BufferPool:
     @property
     def cached_bytes(self) -> int:
         """Bytes the pool holds unused: free for this device's next allocations, not for other libraries."""
-        return int(self._pool.free_bytes()) if self._pool else 0
+        return int(self._pool.free_bytes()) if self._pool is not None else 0
 
     def release(self) -> int:
         """Give the pool's unused blocks back to the driver (cudaFree); the bytes given back. A block split between a
         buffer still held and free space stays until the buffer is freed (CuPy's rule)."""
-        if not self._pool:
+        if self._pool is None:
             return 0
         before = self.cached_bytes
         self._pool.free_all_blocks()
